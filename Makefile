@@ -1,0 +1,47 @@
+# cdc-sync: `make demo` runs the sidecar on the embedded default, `make test` runs every check.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: install test lint typecheck pytest demo bench bench-quick clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+lint: install
+	$(BIN)/ruff check cdc publishers tests bench
+	$(BIN)/ruff format --check cdc publishers tests bench
+
+typecheck: install
+	$(BIN)/mypy
+
+pytest: install
+	$(BIN)/pytest; status=$$?; if [ $$status -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$status
+
+test: lint typecheck pytest
+
+demo: install
+	bash scripts/ensure-servers.sh
+	$(BIN)/cdc demo
+
+bench: install
+	bash scripts/ensure-servers.sh
+	$(BIN)/python -m bench
+
+bench-quick: install
+	bash scripts/ensure-servers.sh
+	$(BIN)/python -m bench --quick
+
+format: install
+	$(BIN)/ruff format cdc publishers tests bench
+	$(BIN)/ruff check --fix cdc publishers tests bench
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .demo

@@ -1,0 +1,89 @@
+"""The one exception hierarchy of cdc-sync.
+
+Driver errors (psycopg, pyodbc, redis-py) are mapped onto it at the adapter
+boundary, so the rest of the code, and the retry policies, only ever see these::
+
+    CdcError                       base; ``exit_code`` is the command line's code
+    ├── ConfigError                2  bad config file or usage (names file, line, field)
+    ├── ConnectError               3  cannot connect at start-up (source or Redis)
+    ├── TransientError             1  worth retrying: link failure, timeout, deadlock,
+    │   ├── SourceUnavailable         the source went away mid-run
+    │   └── RedisUnavailable          Redis went away, is loading, or is out of memory
+    ├── SourceError                1  the source cannot do what is asked
+    │   ├── TrackingNotEnabled        tracking is off for a table (or NULL min version)
+    │   ├── TrackingExpired           the checkpoint is no longer valid: re-snapshot
+    │   ├── SchemaError               no primary key, unknown column, changed schema
+    │   └── UnsupportedType           a column type with no JSON mapping
+    ├── PoisonChange               1  one change cannot be applied: dead letter it
+    └── LeaseLost                  1  another sidecar owns the table now (fencing)
+
+``TransientError`` is the only branch that the retry loops (tenacity) retry.
+"""
+
+from __future__ import annotations
+
+
+class CdcError(Exception):
+    """Base of every error cdc-sync raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(CdcError):
+    """The config file or the command line is wrong. Exit code 2."""
+
+    exit_code = 2
+
+
+class ConnectError(CdcError):
+    """A server cannot be reached at start-up. Exit code 3."""
+
+    exit_code = 3
+
+
+class TransientError(CdcError):
+    """A failure that may pass: retried with capped, jittered backoff."""
+
+
+class SourceUnavailable(TransientError):
+    """The source database is unreachable, restarting, or timed out."""
+
+
+class RedisUnavailable(TransientError):
+    """Redis is unreachable, loading, read-only, or out of memory."""
+
+
+class SourceError(CdcError):
+    """The source database refuses what is asked of it."""
+
+
+class TrackingNotEnabled(SourceError):
+    """Change tracking is not enabled (or not visible) for a table."""
+
+
+class TrackingExpired(SourceError):
+    """A checkpoint is below the table's minimum valid version, or the source
+    went back in time (restore, failover, truncate): the table must be
+    re-snapshotted."""
+
+    def __init__(self, table: str, reason: str) -> None:
+        super().__init__(f"{table}: change tracking checkpoint expired: {reason}")
+        self.table = table
+        self.reason = reason
+
+
+class SchemaError(SourceError):
+    """A table has no primary key, lacks a configured column, or changed."""
+
+
+class UnsupportedType(SchemaError):
+    """A column type that cdc-sync cannot map to JSON."""
+
+
+class PoisonChange(CdcError):
+    """One change cannot be applied because of its content (it goes to the
+    dead letter with this reason while the rest of its batch applies)."""
+
+
+class LeaseLost(CdcError):
+    """This sidecar no longer owns a table: another instance took it over."""

@@ -1,0 +1,152 @@
+"""The ChangeSource protocol: what every source database offers the tracker.
+
+The semantics are those of DESIGN.md §2. In short:
+
+- ``read_changes(table, since, ...)`` returns *net* changes after ``since``:
+  one row per changed primary key, its operation relative to ``since``
+  (``I`` created after it, ``D`` gone, ``U`` otherwise), the version of its
+  last change, the changed columns where known (``None`` = unknown), and
+  the row's current values read in the same consistent view. The read is
+  *consistent*: ``next_version`` is a bound such that every change committed
+  at or below it is in this read (or an earlier one from a lower ``since``)
+  and nothing can commit later at or below it. Large reads are paged by
+  ``(version, primary key)``: pass ``upto=page.next_version`` and
+  ``after=page.cursor`` while ``page.more``; only once a read is complete may
+  ``next_version`` become the checkpoint.
+- ``snapshot(table)`` pages through the whole table (keyset on the primary
+  key) in one consistent read, every page carrying the version it is
+  consistent with.
+- ``since`` below the table's minimum valid version, or a source whose
+  current version is below ``since`` (restore, failover), raises
+  ``TrackingExpired``.
+
+Values are native Python (Decimal, datetime, bytes, UUID, dict...);
+``cdc.values`` turns them into JSON text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from cdc.config import TableConfig
+
+Op = Literal["I", "U", "D"]
+Cursor = tuple[int, tuple[Any, ...]]  # (version, primary-key values) of the last row read
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type_name: str  # the database's own type name, e.g. "numeric(12,2)", "datetime2"
+    nullable: bool = True
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    """A registered table as the source sees it, resolved by ``describe``."""
+
+    table: str  # "schema.name" as registered
+    schema: str
+    name: str
+    primary_key: tuple[str, ...]
+    columns: tuple[Column, ...]  # the published columns, primary key first
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+
+@dataclass(frozen=True)
+class ChangeRow:
+    op: Op
+    version: int
+    key: dict[str, Any]  # primary-key column -> value (always present, deletes too)
+    values: dict[str, Any] | None  # published column -> value; None when the row is gone
+    changed_columns: frozenset[str] | None = None  # None: unknown (not "nothing")
+
+
+@dataclass(frozen=True)
+class ChangePage:
+    rows: list[ChangeRow]
+    next_version: int  # the consistent bound of this read
+    more: bool = False  # another page follows: call again with upto/after
+    cursor: Cursor | None = None  # where the next page starts
+
+
+@dataclass(frozen=True)
+class SnapshotPage:
+    version: int  # every row is consistent with this version
+    rows: list[dict[str, Any]]  # published column -> value, primary key included
+    total: int | None = None  # estimated rows in the table, for progress
+
+
+@dataclass(frozen=True)
+class TrackingStatus:
+    table: str
+    enabled: bool
+    min_valid_version: int | None = None
+    current_version: int | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing ``cdc doctor`` found: level is ok, warning or error."""
+
+    level: Literal["ok", "warning", "error"]
+    subject: str
+    message: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class ChangeSource(Protocol):
+    kind: str
+
+    async def connect(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def describe(self, table: TableConfig) -> TableInfo:
+        """Resolve the table: primary key, published columns and their types.
+
+        Raises SchemaError (no primary key, unknown column), UnsupportedType,
+        TrackingNotEnabled."""
+        ...
+
+    async def current_version(self) -> int:
+        """The source's current consistent bound (what a read now would return)."""
+        ...
+
+    async def read_changes(
+        self,
+        table: TableInfo,
+        since: int,
+        *,
+        limit: int,
+        upto: int | None = None,
+        after: Cursor | None = None,
+    ) -> ChangePage: ...
+
+    def snapshot(self, table: TableInfo, *, page_size: int) -> AsyncIterator[SnapshotPage]: ...
+
+    async def wait_for_changes(self, timeout: float) -> set[str]:
+        """Block up to ``timeout`` seconds for a change notification; return
+        the notified tables ("schema.name"), empty on timeout. Sources with
+        no notification simply sleep and return an empty set."""
+        ...
+
+    async def tracking_enable(self, tables: Sequence[TableConfig]) -> list[str]: ...
+
+    async def tracking_disable(self, tables: Sequence[TableConfig]) -> list[str]: ...
+
+    async def tracking_status(self, tables: Sequence[TableConfig]) -> list[TrackingStatus]: ...
+
+    async def cleanup(self, retention: float) -> int:
+        """Delete tracking entries older than ``retention`` seconds (where the
+        source owns its tracking); return how many were deleted."""
+        ...
+
+    async def doctor(self, tables: Sequence[TableConfig]) -> list[Finding]: ...

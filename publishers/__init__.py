@@ -1,0 +1,1 @@
+"""The Redis-backed distributed data manager and its subscriber client."""

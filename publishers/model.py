@@ -1,0 +1,50 @@
+"""What the data manager applies, and what it reports back.
+
+A ``Change`` is one row's new state, already encoded: every published column
+as JSON text (``cdc.values.encode_value``), so the Lua script only compares
+and splices text and never decodes a number (DESIGN.md §4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+ChangeOp = Literal["I", "U", "D", "S"]
+
+
+@dataclass(frozen=True)
+class Change:
+    table: str  # "schema.name" as registered
+    partition: str  # raw partition value (percent-encoded only inside keys)
+    section: str
+    key: str  # data key
+    op: ChangeOp  # net operation from the source, or S for a snapshot row
+    version: int  # source version: applied only if above the document's @v
+    values: dict[str, bytes] | None  # column -> JSON text; None for a delete
+    reset: bool = False  # snapshot after the source went back in time: skip the version check
+
+
+@dataclass(frozen=True)
+class Rejected:
+    change: Change
+    reason: str
+
+
+@dataclass
+class ApplyResult:
+    """Outcome of ``DataManager.apply`` for one batch."""
+
+    applied: int = 0  # changes whose version was above the document's @v
+    published: int = 0  # of those, the ones that changed something visible
+    stale: int = 0  # dropped: version at or below the document's @v (replays)
+    rejected: list[Rejected] = field(default_factory=list)  # sent to the dead letter
+    seqs: dict[str, int] = field(default_factory=dict)  # partition -> @seq after the batch
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    table: str
+    version: int
+    state: Literal["snapshotting", "streaming"]
+    updated_at: str  # ISO 8601
