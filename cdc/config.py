@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -34,6 +34,7 @@ DEFAULT_BACKOFF: tuple[tuple[int | None, float], ...] = (
     (None, 5.0),
 )
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_ENV_START = re.compile(r"\$\{")
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,15 @@ class TableConfig:
     operations: frozenset[Operation] = frozenset({"I", "U", "D"})
     backoff: tuple[tuple[int | None, float], ...] = DEFAULT_BACKOFF
     line: int = 0  # where the entry starts in the file, for error messages
+    file: str = field(default="<config>", compare=False)
+    index: int = field(default=0, compare=False)
+    field_lines: tuple[tuple[str, int], ...] = field(default=(), compare=False, repr=False)
+
+    def error(self, field_name: str, message: str) -> ConfigError:
+        """A ConfigError about this entry's ``field_name`` found after loading
+        (e.g. a template over a column that is not in the primary key)."""
+        line = dict(self.field_lines).get(field_name, self.line)
+        return ConfigError(f"{self.file}:{line}: tables[{self.index}].{field_name}: {message}")
 
 
 @dataclass(frozen=True)
@@ -102,9 +112,14 @@ def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None 
     """Read, expand, validate and build the config at ``path``."""
     name = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        raw = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(f"{name}: cannot read the config file: {exc.strerror}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{name}:{line}: (encoding): the config file must be UTF-8: {exc.reason}") from None
     return parse_config(text, name, os.environ if environ is None else environ)
 
 
@@ -112,33 +127,68 @@ def parse_config(text: str, name: str, environ: Mapping[str, str]) -> Config:
     """Build a Config from YAML ``text``; ``name`` is used in messages."""
     data, lines = _load_yaml(text, name)
     data = _expand(data, (), lines, name, environ)
+    for section in ("redis", "worker"):  # every option commented out: YAML reads null
+        if section in data and data[section] is None:
+            data[section] = {}
     _validate(data, lines, name)
     try:
         return _build(data, lines, name)
-    except ValueError as exc:  # semantic checks raise ValueError(path, message)
-        where, message = exc.args if len(exc.args) == 2 else ((), str(exc))
-        raise ConfigError(_locate(name, lines, where, message)) from None
+    except _FieldError as exc:  # semantic checks, beyond what the schema says
+        raise ConfigError(_locate(name, lines, exc.where, exc.message)) from None
+
+
+class _FieldError(ValueError):
+    """A semantic error at a path of the file, located by parse_config."""
+
+    def __init__(self, where: tuple[str | int, ...], message: str) -> None:
+        super().__init__(where, message)
+        self.where = where
+        self.message = message
 
 
 # -- YAML with line numbers ------------------------------------------------
 
 Lines = dict[tuple[str | int, ...], int]
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built with it: ~10x faster
 
 
 def _load_yaml(text: str, name: str) -> tuple[Any, Lines]:
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node, data = _parse_yaml(text)
+    except yaml.reader.ReaderError as exc:  # a control character: no mark, a position
+        line = text.count("\n", 0, exc.position) + 1
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        raise ConfigError(
+            f"{name}:{line}: malformed YAML: control character U+{code:04X} is not allowed"
+        ) from None
+    except yaml.MarkedYAMLError as exc:
+        line = exc.problem_mark.line + 1 if exc.problem_mark is not None else 1
+        problem = exc.problem or str(exc)
+        if exc.context and exc.context_mark is not None and exc.context_mark.line + 1 != line:
+            problem = f"{exc.context} on line {exc.context_mark.line + 1}, {problem}"
+        raise ConfigError(f"{name}:{line}: malformed YAML: {problem}") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{name}:{mark.line + 1}" if mark is not None else name
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{where}: malformed YAML: {problem}") from None
+        raise ConfigError(f"{name}:1: malformed YAML: {exc}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{name}:1: the config must be a mapping with source, redis, worker, tables")
+        raise ConfigError(
+            f"{name}:1: (top level): the config must be a mapping with source, redis, worker, tables"
+        )
     lines: Lines = {}
-    _record_lines(node, (), lines)
+    try:
+        _record_lines(node, (), lines)
+    except _FieldError as exc:
+        raise ConfigError(_locate(name, lines, exc.where, exc.message)) from None
     return data, lines
+
+
+def _parse_yaml(text: str) -> tuple[yaml.Node | None, Any]:
+    """One parse gives the nodes (with their lines) and the data."""
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        return node, (loader.construct_document(node) if node is not None else None)
+    finally:
+        loader.dispose()
 
 
 def _record_lines(node: yaml.Node | None, path: tuple[str | int, ...], lines: Lines) -> None:
@@ -148,6 +198,10 @@ def _record_lines(node: yaml.Node | None, path: tuple[str | int, ...], lines: Li
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
             child = (*path, str(key_node.value))
+            if child in lines:  # YAML would silently keep the last one
+                first = lines[child]
+                lines[child] = key_node.start_mark.line + 1
+                raise _FieldError(child, f"duplicate key (first given on line {first})")
             _record_lines(value_node, child, lines)
             lines[child] = key_node.start_mark.line + 1
     elif isinstance(node, yaml.SequenceNode):
@@ -191,19 +245,25 @@ def _expand_string(
 ) -> str:
     def substitute(match: re.Match[str]) -> str:
         var, default = match.group(1), match.group(2)
-        if var in environ and environ[var] != "":
+        if environ.get(var, "") != "":
             return environ[var]
         if default is not None:
             return default
+        state = "is empty" if var in environ else "is not set"
         raise ConfigError(
             _locate(
-                name,
-                lines,
-                path,
-                f"environment variable {var} is not set (and no ${{{var}:-default}} is given)",
+                name, lines, path, f"environment variable {var} {state} (and no ${{{var}:-default}} is given)"
             )
         )
 
+    references = {match.start() for match in _ENV.finditer(value)}
+    for start in _ENV_START.finditer(value):
+        if start.start() not in references:  # e.g. ${VAR:default}, ${VAR, ${1X}
+            rest = value[start.start() :]
+            bad = rest[: rest.index("}") + 1] if "}" in rest else rest
+            raise ConfigError(
+                _locate(name, lines, path, f"malformed reference {bad} (write ${{VAR}} or ${{VAR:-default}})")
+            )
     return _ENV.sub(substitute, value)
 
 
@@ -224,8 +284,37 @@ def config_schema() -> dict[str, Any]:
     raise ConfigError("config.schema.json is missing from the installation")
 
 
+def _ecma_pattern(
+    validator: Any, pattern: str, instance: Any, schema: Mapping[str, Any]
+) -> Iterator[jsonschema.ValidationError]:
+    """``pattern`` with JSON Schema's (ECMA-262) meaning of a final ``$``: the
+    very end of the text. Python's ``$`` also matches before a final newline,
+    which would let ``"dbo.Forecasts\\n"`` pass as an identifier."""
+    if validator.is_type(instance, "string") and not _compiled(pattern).search(instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+@cache
+def _compiled(pattern: str) -> re.Pattern[str]:
+    if pattern.endswith("$") and not pattern.endswith("\\$"):
+        pattern = pattern[:-1] + "\\Z"
+    return re.compile(pattern)
+
+
+def _is_integer(checker: Any, instance: Any) -> bool:
+    # JSON Schema counts 500.0 as an integer; a count in this config must be an int.
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+_Validator = jsonschema.validators.extend(  # type: ignore[no-untyped-call]  # untyped in the stubs
+    jsonschema.Draft202012Validator,
+    validators={"pattern": _ecma_pattern},
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
+)
+
+
 def _validate(data: Any, lines: Lines, name: str) -> None:
-    validator = jsonschema.Draft202012Validator(config_schema())
+    validator = _Validator(config_schema())
     errors = sorted(
         validator.iter_errors(data), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path)))
     )
@@ -248,7 +337,13 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
         return f"unknown key {unknown} (allowed: {allowed})"
     if error.validator == "pattern":
         return f"{error.instance!r} is not valid here (must match {error.validator_value})"
-    if error.validator == "oneOf" and isinstance(error.instance, (str, int, float)):
+    if (
+        error.validator == "type"
+        and isinstance(error.instance, dict)
+        and "string" in str(error.validator_value)
+    ):
+        return f'{error.message} (quote a value that starts with {{, e.g. "{{Id}}")'
+    if error.validator == "oneOf" and error.schema == config_schema()["$defs"]["duration"]:
         return f"expected a duration such as 50ms, 5s or 7d, got {error.instance!r}"
     return error.message
 
@@ -265,41 +360,48 @@ def _build(data: dict[str, Any], lines: Lines, name: str) -> Config:
     source = data["source"]
     redis = data.get("redis") or {}
     worker = data.get("worker") or {}
-    tables = tuple(_build_table(t, i, lines) for i, t in enumerate(data["tables"]))
+    tables = tuple(_build_table(t, i, lines, name) for i, t in enumerate(data["tables"]))
     _check_unique(tables)
     return Config(
         source=SourceConfig(
             kind=source["kind"],
             dsn=source["dsn"],
             tracking_schema=source.get("tracking_schema", "cdc_tracking"),
-            retention=parse_duration(source.get("retention", "2d")),
-            cleanup_interval=parse_duration(source.get("cleanup_interval", "30m")),
-            connect_timeout=parse_duration(source.get("connect_timeout", "10s")),
-            query_timeout=parse_duration(source.get("query_timeout", "60s")),
+            retention=_duration(source.get("retention", "2d"), ("source", "retention")),
+            cleanup_interval=_duration(source.get("cleanup_interval", "30m"), ("source", "cleanup_interval")),
+            connect_timeout=_duration(source.get("connect_timeout", "10s"), ("source", "connect_timeout")),
+            query_timeout=_duration(source.get("query_timeout", "60s"), ("source", "query_timeout")),
         ),
         redis=RedisConfig(
             url=redis.get("url", RedisConfig.url),
             cluster=redis.get("cluster", False),
             namespace=redis.get("namespace", "cdc"),
             stream_max_len=redis.get("stream_max_len", 100_000),
-            tombstone_ttl=parse_duration(redis.get("tombstone_ttl", "7d")),
+            tombstone_ttl=_duration(redis.get("tombstone_ttl", "7d"), ("redis", "tombstone_ttl")),
         ),
         worker=WorkerConfig(
             max_batch_size=worker.get("max_batch_size", 500),
-            max_wait=parse_duration(worker.get("max_wait", "100ms")),
+            max_wait=_duration(worker.get("max_wait", "100ms"), ("worker", "max_wait")),
             queue_capacity=worker.get("queue_capacity", 10_000),
-            health=_parse_address(worker.get("health", "127.0.0.1:9478")),
+            health=_parse_address(worker.get("health", "127.0.0.1:9478"), ("worker", "health")),
             page_size=worker.get("page_size", 5000),
-            lease_ttl=parse_duration(worker.get("lease_ttl", "10s")),
+            lease_ttl=_duration(worker.get("lease_ttl", "10s"), ("worker", "lease_ttl")),
             max_row_bytes=worker.get("max_row_bytes", 1 << 20),
-            heartbeat=parse_duration(worker.get("heartbeat", "5s")),
+            heartbeat=_duration(worker.get("heartbeat", "5s"), ("worker", "heartbeat")),
         ),
         tables=tables,
         path=name,
     )
 
 
-def _build_table(raw: dict[str, Any], index: int, lines: Lines) -> TableConfig:
+def _duration(value: Any, where: tuple[str | int, ...]) -> float:
+    try:
+        return parse_duration(value)
+    except ValueError as exc:  # what the schema cannot say: .nan, .inf
+        raise _FieldError(where, str(exc)) from None
+
+
+def _build_table(raw: dict[str, Any], index: int, lines: Lines, file: str) -> TableConfig:
     where: tuple[str | int, ...] = ("tables", index)
     schema, table_name = raw["table"].split(".")
     section = raw.get("section", table_name.lower())
@@ -308,7 +410,7 @@ def _build_table(raw: dict[str, Any], index: int, lines: Lines) -> TableConfig:
     columns = tuple(raw["columns"]) if "columns" in raw else None
     for i, column in enumerate(columns or ()):
         if column.startswith("@"):
-            raise ValueError((*where, "columns", i), f"{column!r}: names starting with @ are reserved")
+            raise _FieldError((*where, "columns", i), f"{column!r}: names starting with @ are reserved")
     return TableConfig(
         table=raw["table"],
         schema=schema,
@@ -320,6 +422,9 @@ def _build_table(raw: dict[str, Any], index: int, lines: Lines) -> TableConfig:
         operations=frozenset(raw.get("operations", ("I", "U", "D"))),
         backoff=_backoff(raw.get("backoff"), (*where, "backoff")),
         line=lines.get(where, 0),
+        file=file,
+        index=index,
+        field_lines=tuple((str(path[-1]), line) for path, line in lines.items() if path[:-1] == where),
     )
 
 
@@ -327,7 +432,7 @@ def _template(text: str, where: tuple[str | int, ...]) -> Template:
     try:
         return Template.parse(text)
     except ValueError as exc:
-        raise ValueError(where, str(exc)) from None
+        raise _FieldError(where, str(exc)) from None
 
 
 def _backoff(
@@ -335,15 +440,17 @@ def _backoff(
 ) -> tuple[tuple[int | None, float], ...]:
     if raw is None:
         return DEFAULT_BACKOFF
-    steps = tuple((limit, parse_duration(wait)) for limit, wait in raw)
+    steps = tuple((limit, _duration(wait, (*where, i, 1))) for i, (limit, wait) in enumerate(raw))
     limits = [limit for limit, _ in steps]
     if limits[-1] is not None:
-        raise ValueError((*where, len(steps) - 1), "the last step must be [null, wait] (what happens beyond)")
+        raise _FieldError(
+            (*where, len(steps) - 1), "the last step must be [null, wait] (what happens beyond)"
+        )
     if None in limits[:-1]:
-        raise ValueError((*where, limits.index(None)), "only the last step may be [null, wait]")
+        raise _FieldError((*where, limits.index(None)), "only the last step may be [null, wait]")
     bounded = [limit for limit in limits if limit is not None]
     if bounded != sorted(set(bounded)):
-        raise ValueError(where, "the step limits must increase")
+        raise _FieldError(where, "the step limits must increase")
     return steps
 
 
@@ -353,19 +460,28 @@ def _check_unique(tables: tuple[TableConfig, ...]) -> None:
     for index, table in enumerate(tables):
         lowered = table.table.lower()
         if lowered in seen:
-            raise ValueError(("tables", index, "table"), f"{table.table} is registered twice")
+            first = tables[seen[lowered]]
+            raise _FieldError(
+                ("tables", index, "table"),
+                f"{table.table} is registered twice (first as tables[{seen[lowered]}] on line {first.line})",
+            )
         seen[lowered] = index
         if table.section in sections:
             other = tables[sections[table.section]].table
-            raise ValueError(
+            implicit = "section" not in dict(table.field_lines)
+            hint = f" (the default section is the table name, lower-cased: set section for {table.table})"
+            raise _FieldError(
                 ("tables", index, "section"),
-                f"section {table.section!r} is already written by {other}; each section belongs to one table",
+                f"section {table.section!r} is already written by {other}; each section belongs to one table"
+                + (hint if implicit else ""),
             )
         sections[table.section] = index
 
 
-def _parse_address(value: str | None) -> tuple[str, int] | None:
+def _parse_address(value: str | None, where: tuple[str | int, ...]) -> tuple[str, int] | None:
     if value is None:
         return None
     host, _, port = value.rpartition(":")
+    if int(port) > 65535:
+        raise _FieldError(where, f"port {int(port)} is out of range (0-65535)")
     return (host or "127.0.0.1", int(port))

@@ -5,10 +5,13 @@ Parsed once at the boundary into seconds (float); nothing else handles strings.
 
 from __future__ import annotations
 
+import math
 import re
+from decimal import Decimal
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_EXACT_UNITS = {unit: Decimal(str(size)) for unit, size in _UNITS.items()}
+_PATTERN = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)\s*")
 
 
 def parse_duration(value: object) -> float:
@@ -19,13 +22,15 @@ def parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError(f"expected a duration such as 50ms, 5s or 7d, got {value!r}")
     if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise ValueError(f"a duration must be a finite number of seconds, got {value!r}")
         if value < 0:
             raise ValueError(f"a duration cannot be negative, got {value!r}")
         return float(value)
     if isinstance(value, str):
-        match = _PATTERN.match(value)
-        if match:
-            return float(match.group(1)) * _UNITS[match.group(2)]
+        match = _PATTERN.fullmatch(value)
+        if match:  # in decimal, so that 700ms is 0.7, not 0.7000000000000001
+            return float(Decimal(match.group(1)) * _EXACT_UNITS[match.group(2)])
     raise ValueError(f"expected a duration such as 50ms, 5s or 7d, got {value!r}")
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 _FIELD = re.compile(r"\{([^{}]*)\}")
-_COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_COLUMN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -28,17 +28,14 @@ class Template:
         pos = 0
         for match in _FIELD.finditer(text):
             if match.start() > pos:
-                parts.append((False, text[pos : match.start()]))
+                parts.append((False, _literal(text, text[pos : match.start()])))
             name = match.group(1)
-            if not _COLUMN.match(name):
+            if not _COLUMN.fullmatch(name):
                 raise ValueError(f"template {text!r}: {{{name}}} is not a column name")
             parts.append((True, name))
             pos = match.end()
-        rest = text[pos:]
-        if "{" in rest or "}" in rest:
-            raise ValueError(f"template {text!r}: unbalanced braces")
-        if rest:
-            parts.append((False, rest))
+        if pos < len(text):
+            parts.append((False, _literal(text, text[pos:])))
         if not parts:
             raise ValueError("a template cannot be empty")
         return cls(text, tuple(parts))
@@ -76,10 +73,16 @@ class Template:
         )
 
 
+def _literal(text: str, part: str) -> str:
+    if "{" in part or "}" in part:
+        raise ValueError(f"template {text!r}: unbalanced braces")
+    return part
+
+
 def render_key_value(value: object) -> str:
     """How a key column value reads inside a key: plain text, no JSON quotes."""
-    if isinstance(value, bytes):
-        return value.hex()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
     if isinstance(value, bool):
         return "1" if value else "0"
     if hasattr(value, "isoformat"):

@@ -18,7 +18,7 @@ import base64
 import datetime as dt
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -28,11 +28,65 @@ from cdc.errors import PoisonChange
 
 
 def encode_value(value: Any, column: str = "?") -> bytes:
-    """The JSON text of one column value."""
+    """The JSON text of one column value.
+
+    This runs once per column of every change, so the common types take a
+    shortcut chosen by their exact type (``_BY_TYPE``); anything else, and any
+    value a shortcut declines (returns None), takes the general path."""
     try:
-        return orjson.dumps(_plain(value, column), default=_default)
-    except orjson.JSONEncodeError as exc:
+        shortcut = _BY_TYPE.get(type(value))
+        text = None if shortcut is None else shortcut(value)
+        if text is None:
+            text = _trim(orjson.dumps(_plain(value, column), default=_default))
+        return text
+    except (orjson.JSONEncodeError, ValueError) as exc:  # ValueError: an int of over 4300 digits
         raise PoisonChange(f"column {column}: value cannot be encoded as JSON: {exc}") from None
+
+
+def _trim(text: bytes) -> bytes:
+    """A copy the size of the text. orjson (3.12+) returns its bytes in a buffer
+    of at least 4 KiB that it never shrinks: a queued change of ten columns
+    would hold 40 KiB instead of a few hundred bytes."""
+    return bytes(memoryview(text))
+
+
+def _float(value: float) -> bytes | None:
+    return _trim(orjson.dumps(value)) if math.isfinite(value) else None  # None: the general path raises
+
+
+def _decimal(value: Decimal) -> bytes | None:
+    return f'"{value}"'.encode() if value.is_finite() else None  # digits, '.', 'E', '+', '-': no escaping
+
+
+def _datetime(value: dt.datetime) -> bytes:
+    return _trim(orjson.dumps(value if value.tzinfo is None else _aware(value)))
+
+
+def _json(value: dict[Any, Any] | list[Any]) -> bytes | None:
+    """A JSON column's value (or an array) in one pass when it holds only JSON
+    types: orjson refuses the rest (big integers, decimals, bytes, non-string
+    keys, and, with the passthrough option, dates and times), and writes NaN
+    as null, so output with a null is checked the general way."""
+    try:
+        text = orjson.dumps(value, option=orjson.OPT_PASSTHROUGH_DATETIME)
+    except orjson.JSONEncodeError:
+        return None
+    return None if b"null" in text else _trim(text)
+
+
+_BY_TYPE: dict[type, Callable[[Any], bytes | None]] = {
+    type(None): lambda value: b"null",
+    bool: lambda value: b"true" if value else b"false",
+    int: lambda value: str(value).encode(),  # exact digits at any size
+    float: _float,
+    str: lambda value: _trim(orjson.dumps(value)),
+    Decimal: _decimal,
+    uuid.UUID: lambda value: f'"{value}"'.encode(),
+    dt.date: lambda value: _trim(orjson.dumps(value)),
+    dt.datetime: _datetime,
+    dict: _json,
+    list: _json,
+}
 
 
 def encode_row(values: Mapping[str, Any]) -> dict[str, bytes]:
@@ -40,18 +94,39 @@ def encode_row(values: Mapping[str, Any]) -> dict[str, bytes]:
     return {column: encode_value(value, column) for column, value in values.items()}
 
 
+_INT_RANGE = range(-(2**63), 2**64)  # what orjson writes itself
+
+
 def _plain(value: Any, column: str) -> Any:
     """Scalars orjson would get wrong, handled before it sees them."""
+    if isinstance(value, int) and value not in _INT_RANGE and not isinstance(value, bool):
+        # a numeric(40) read as int, or a big number inside a JSON column: exact digits
+        return orjson.Fragment(str(value))
     if isinstance(value, float) and not math.isfinite(value):
         raise PoisonChange(f"column {column}: {value} cannot be represented in JSON")
     if isinstance(value, Decimal):
         if not value.is_finite():
             raise PoisonChange(f"column {column}: decimal {value} cannot be represented in JSON")
         return str(value)
+    if isinstance(value, dt.time):
+        # orjson refuses an aware time, and (3.13) writes 00:00:00.010000 as 00:00:00.10000
+        return value.isoformat()
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        return _aware(value)
     if isinstance(value, (list, tuple)):
         return [_plain(item, column) for item in value]
     if isinstance(value, dict):
         return {str(k): _plain(v, column) for k, v in value.items()}
+    return value
+
+
+def _aware(value: dt.datetime) -> dt.datetime:
+    """orjson cuts an offset to whole minutes: ``+00:19:32`` (Amsterdam's local
+    mean time until 1937) would read ``+00:19``, a different instant. ISO 8601
+    offsets have no seconds, so such a datetime is written in UTC."""
+    offset = value.utcoffset()
+    if offset is not None and offset % dt.timedelta(minutes=1):
+        return value.astimezone(dt.UTC)
     return value
 
 
@@ -68,18 +143,16 @@ def _default(value: Any) -> Any:
 
 
 def iso_duration(value: dt.timedelta) -> str:
-    """``timedelta`` as an ISO 8601 duration, e.g. ``P1DT2H3M4.5S``."""
+    """``timedelta`` as an ISO 8601 duration, e.g. ``P1DT2H3M4.5S``; exact to the
+    microsecond, negative durations with a leading ``-`` (``-PT1S``)."""
     sign = "-" if value < dt.timedelta(0) else ""
     value = abs(value)
-    seconds = value.seconds + value.microseconds / 1_000_000
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    out = f"{sign}P{value.days}D" if value.days else f"{sign}P"
-    time = ""
-    if hours:
-        time += f"{int(hours)}H"
-    if minutes:
-        time += f"{int(minutes)}M"
-    if secs or not (value.days or time):
-        time += f"{secs:g}S" if secs != int(secs) else f"{int(secs)}S"
-    return out + ("T" + time if time else "")
+    minutes, secs = divmod(value.seconds, 60)
+    hours, minutes = divmod(minutes, 60)
+    time = (f"{hours}H" if hours else "") + (f"{minutes}M" if minutes else "")
+    if value.microseconds:
+        time += f"{secs}.{value.microseconds:06d}".rstrip("0") + "S"
+    elif secs or not (value.days or time):
+        time += f"{secs}S"
+    days = f"{value.days}D" if value.days else ""
+    return f"{sign}P{days}" + (f"T{time}" if time else "")
