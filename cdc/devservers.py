@@ -35,6 +35,20 @@ def free_port() -> int:
         return port
 
 
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is valid and free too."""
+    while True:
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.02) -> None:
     """Poll ``predicate`` until it is true; raise TimeoutError naming ``what``."""
     deadline = time.monotonic() + timeout
@@ -125,8 +139,17 @@ class RedisCluster:
         return self.nodes[0].url
 
     def start(self) -> RedisCluster:
+        try:
+            return self._start()
+        except BaseException:
+            self.cleanup()  # no orphaned nodes when creating the cluster fails
+            raise
+
+    def _start(self) -> RedisCluster:
         for _ in range(self.masters):
-            node = RedisServer(extra=("--cluster-enabled", "yes", "--cluster-node-timeout", "5000"))
+            node = RedisServer(
+                port=free_cluster_port(), extra=("--cluster-enabled", "yes", "--cluster-node-timeout", "5000")
+            )
             node.extra = (*node.extra, "--cluster-config-file", str(node.directory / "nodes.conf"))
             self.nodes.append(node.start())
         cli = shutil.which("redis-cli")

@@ -10,10 +10,10 @@ boundary, so the rest of the code, and the retry policies, only ever see these::
     │   ├── SourceUnavailable         the source went away mid-run
     │   └── RedisUnavailable          Redis went away, is loading, or is out of memory
     ├── SourceError                1  the source cannot do what is asked
-    │   ├── TrackingNotEnabled        tracking is off for a table (or NULL min version)
+    │   ├── TrackingNotEnabled     2  tracking is off for a table (or NULL min version)
     │   ├── TrackingExpired           the checkpoint is no longer valid: re-snapshot
-    │   ├── SchemaError               no primary key, unknown column, changed schema
-    │   └── UnsupportedType           a column type with no JSON mapping
+    │   └── SchemaError            2  no primary key, unknown column, changed schema
+    │       └── UnsupportedType    2  a column type with no JSON mapping
     ├── PoisonChange               1  one change cannot be applied: dead letter it
     └── LeaseLost                  1  another sidecar owns the table now (fencing)
 
@@ -58,7 +58,10 @@ class SourceError(CdcError):
 
 
 class TrackingNotEnabled(SourceError):
-    """Change tracking is not enabled (or not visible) for a table."""
+    """Change tracking is not enabled (or not visible) for a table. The config
+    registers a table the source does not track: exit code 2."""
+
+    exit_code = 2
 
 
 class TrackingExpired(SourceError):
@@ -73,7 +76,10 @@ class TrackingExpired(SourceError):
 
 
 class SchemaError(SourceError):
-    """A table has no primary key, lacks a configured column, or changed."""
+    """A table has no primary key, lacks a configured column, or changed. The
+    config and the database disagree: exit code 2."""
+
+    exit_code = 2
 
 
 class UnsupportedType(SchemaError):

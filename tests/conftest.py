@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from cdc.config import RedisConfig
 from cdc.devservers import PostgresServer, RedisCluster, RedisServer, ServerUnavailable
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -97,3 +98,68 @@ def pg_schema(postgres_dsn: str) -> Iterator[str]:
     yield name
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         conn.execute(f"drop schema if exists {name} cascade")
+
+
+# -- SQL Server: never started here; skipped (even under CI=true) when none is reachable --
+
+MSSQL_IMAGE = "mcr.microsoft.com/mssql/server:2022-latest"
+NO_MSSQL = "no SQL Server: set CDC_TEST_MSSQL_DSN or run a Docker engine"
+
+
+def _docker_answers() -> bool:
+    """A quick ping of the Docker engine (2 s at most); no socket, no ping."""
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if host.startswith("unix://") and not os.path.exists(host[len("unix://") :]):
+        return False
+    import gc
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)  # docker-py leaks its socket when the ping fails
+        try:
+            import docker
+
+            client = docker.DockerClient(base_url=host, timeout=2, version="1.41")
+            try:
+                return bool(client.ping())
+            finally:
+                client.close()
+        except Exception:
+            return False
+        finally:
+            gc.collect()
+
+
+@pytest.fixture(scope="session")
+def mssql_dsn() -> Iterator[str]:
+    """An ODBC DSN of a SQL Server database the tests may alter (tracking, tables).
+
+    CDC_TEST_MSSQL_DSN as given; else a SQL Server 2022 container, reached with
+    FreeTDS, in which a fresh CdcTest database is created."""
+    if os.environ.get("CDC_TEST_MSSQL_DSN"):
+        yield os.environ["CDC_TEST_MSSQL_DSN"]
+        return
+    if not _docker_answers():
+        pytest.skip(NO_MSSQL)
+    import pyodbc
+    from testcontainers.community.mssql import SqlServerContainer
+
+    with SqlServerContainer(MSSQL_IMAGE, password="Cdc-Test-1234") as server:
+        host, port = server.get_container_host_ip(), server.get_exposed_port(1433)
+        base = f"DRIVER={{FreeTDS}};SERVER={host};PORT={port};UID=SA;PWD=Cdc-Test-1234;TDS_Version=7.4"
+        conn = pyodbc.connect(base + ";DATABASE=master", autocommit=True, timeout=30)
+        try:
+            conn.execute("CREATE DATABASE CdcTest")
+        finally:
+            conn.close()
+        yield base + ";DATABASE=CdcTest"
+
+
+@pytest.fixture(params=["single", pytest.param("cluster", marks=pytest.mark.cluster)])
+def redis_config(request: pytest.FixtureRequest, namespace: str) -> RedisConfig:
+    """A RedisConfig with a fresh namespace: once on the single server, once
+    on the 3-master cluster (``cluster: true``, so SPUBLISH)."""
+    if request.param == "cluster":
+        url = request.getfixturevalue("redis_cluster_url")
+        return RedisConfig(url=url, cluster=True, namespace=namespace)
+    return RedisConfig(url=request.getfixturevalue("redis_url"), namespace=namespace)

@@ -1,0 +1,103 @@
+"""Catalog look-ups shared by ``describe``, tracking and ``doctor``.
+
+Tables are found by their exact names, passed as query parameters: names in
+the config are case-sensitive identifiers, the same as when they are quoted
+in SQL (``public.Orders`` is not ``public.orders``). The primary key comes in
+key order, the columns in table order, each with the base type its values
+are loaded as (domains and array elements resolved), which is what decides
+whether the column can be published.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+from psycopg.rows import TupleRow
+
+Connection = psycopg.AsyncConnection[TupleRow]
+
+
+@dataclass(frozen=True)
+class CatalogColumn:
+    name: str
+    type_name: str  # format_type(), e.g. "numeric(12,2)", "text[]"
+    not_null: bool
+    base_type: str  # pg_type.typname after resolving a domain and an array's element
+    is_enum: bool
+    custom_array: bool  # an array of enums or domains: its own type oid, unknown to the driver
+
+
+@dataclass(frozen=True)
+class CatalogTable:
+    oid: int
+    schema: str
+    name: str
+    primary_key: tuple[str, ...]
+    columns: tuple[CatalogColumn, ...]
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+    def column(self, name: str) -> CatalogColumn | None:
+        return next((c for c in self.columns if c.name == name), None)
+
+
+_FIND_TABLE = """
+    select c.oid from pg_class c join pg_namespace n on n.oid = c.relnamespace
+    where n.nspname = %s and c.relname = %s and c.relkind in ('r', 'p')
+"""
+
+_PRIMARY_KEY = """
+    select a.attname
+    from pg_index i
+    cross join lateral unnest(i.indkey) with ordinality as k(attnum, ord)
+    join pg_attribute a on a.attrelid = i.indrelid and a.attnum = k.attnum
+    where i.indrelid = %s and i.indisprimary
+    order by k.ord
+"""
+
+# Resolve, in order: a domain to its base type (results carry the base type's
+# oid), an array to its element, and a domain element to its base type.
+_COLUMNS = """
+    select a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, b.typname, b.typtype = 'e',
+           d.typcategory = 'A' and e.typtype in ('e', 'd')
+    from pg_attribute a
+    join pg_type t on t.oid = a.atttypid
+    join pg_type d on d.oid = case when t.typtype = 'd' then t.typbasetype else t.oid end
+    join pg_type e on e.oid = case when d.typcategory = 'A' then d.typelem else d.oid end
+    join pg_type b on b.oid = case when e.typtype = 'd' then e.typbasetype else e.oid end
+    where a.attrelid = %s and a.attnum > 0 and not a.attisdropped
+    order by a.attnum
+"""
+
+
+async def find_table(conn: Connection, schema: str, name: str) -> CatalogTable | None:
+    """The table ``schema.name`` with its key and columns, or None when there is none."""
+    found = await (await conn.execute(_FIND_TABLE, [schema, name])).fetchone()
+    if found is None:
+        return None
+    oid = found[0]
+    key = await (await conn.execute(_PRIMARY_KEY, [oid])).fetchall()
+    columns = await (await conn.execute(_COLUMNS, [oid])).fetchall()
+    return CatalogTable(
+        oid=oid,
+        schema=schema,
+        name=name,
+        primary_key=tuple(row[0] for row in key),
+        columns=tuple(CatalogColumn(*row) for row in columns),
+    )
+
+
+async def similar_tables(conn: Connection, schema: str, name: str) -> list[str]:
+    """Tables whose names match ``schema.name`` but for case: the likely typo."""
+    rows = await (
+        await conn.execute(
+            "select n.nspname || '.' || c.relname from pg_class c join pg_namespace n"
+            " on n.oid = c.relnamespace where lower(n.nspname) = lower(%s) and lower(c.relname) = lower(%s)"
+            " and c.relkind in ('r', 'p') order by 1",
+            [schema, name],
+        )
+    ).fetchall()
+    return [row[0] for row in rows]

@@ -1,0 +1,149 @@
+"""Net-change and snapshot queries, and the rows they turn into.
+
+A read of changes selects the tracked entries in ``(since, bound]`` joined to
+the source table, in ``(version, primary key)`` order. When more rows qualify
+than one page holds, the rest must still come from the *same* snapshot: read
+in a later transaction, a row whose entry moved above the bound in between
+would be left to the next read, which classifies it relative to the bound
+(``U``, with only the columns changed after it), although the caller never
+received its earlier change (say, its insert). So the first page's
+transaction also declares a ``WITH HOLD`` cursor over the rest of the read;
+PostgreSQL materializes it at commit, and later pages are fetched from it
+without holding a transaction open between the caller's calls.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from psycopg import sql
+
+from cdc.sources.base import ChangePage, ChangeRow, Cursor, TableInfo
+from cdc.sources.pg_catalog import Connection
+
+_names = itertools.count(1)
+
+
+def changes_query(schema: str, net: str, table: TableInfo, *, after: bool, limit: bool) -> sql.Composed:
+    """Entries in (since, bound], after a (version, key) cursor when ``after``,
+    joined to the source row. Parameters: since, bound, [cursor...], [limit].
+    Row layout: version, op, creation_version, column_versions, found, the key
+    (from the entry, so deletes have it too), the published columns."""
+    keys = sql.SQL(", ").join(sql.Identifier("n", k) for k in table.primary_key)
+    on = sql.SQL(" and ").join(
+        sql.SQL("{} = {}").format(sql.Identifier("t", k), sql.Identifier("n", k)) for k in table.primary_key
+    )
+    cursor: sql.Composable = sql.SQL("")
+    if after:
+        placeholders = sql.SQL(", ").join(sql.Placeholder() * (1 + len(table.primary_key)))
+        cursor = sql.SQL(" and (n.version, {}) > ({})").format(keys, placeholders)
+    return sql.SQL(
+        "select n.version, n.op, n.creation_version, n.column_versions, {found} is not null, {keys}, {columns}"
+        " from {net} as n left join {source} as t on {on}"
+        " where n.version > %s and n.version <= %s{cursor} order by n.version, {keys}{limit}"
+    ).format(
+        found=sql.Identifier("t", table.primary_key[0]),
+        keys=keys,
+        columns=sql.SQL(", ").join(sql.Identifier("t", c) for c in table.column_names),
+        net=sql.Identifier(schema, net),
+        source=sql.Identifier(table.schema, table.name),
+        on=on,
+        cursor=cursor,
+        limit=sql.SQL(" limit %s") if limit else sql.SQL(""),
+    )
+
+
+def change_row(table: TableInfo, since: int, record: Sequence[Any]) -> ChangeRow:
+    """The operation relative to ``since``: D when the row is gone (or, should a
+    change have escaped the triggers, absent), I when created after ``since``,
+    else U with the published columns changed after ``since``."""
+    return _RowReader(table, since)(record)
+
+
+class _RowReader:
+    """``change_row`` for every row of a page, with the table's names looked up once."""
+
+    def __init__(self, table: TableInfo, since: int) -> None:
+        self.since = since
+        self.keys = table.primary_key
+        self.names = table.column_names
+        self.published = frozenset(self.names)
+        self.width = len(self.keys)
+
+    def __call__(self, record: Sequence[Any]) -> ChangeRow:
+        version, op, creation_version, column_versions, found = record[:5]
+        end = 5 + self.width
+        key = dict(zip(self.keys, record[5:end], strict=True))
+        if op == "D" or not found:
+            return ChangeRow("D", version, key, None)
+        values = dict(zip(self.names, record[end:], strict=True))
+        if creation_version > self.since:
+            return ChangeRow("I", version, key, values)
+        since, published = self.since, self.published
+        changed = frozenset(c for c, v in column_versions.items() if v > since and c in published)
+        return ChangeRow("U", version, key, values, changed)
+
+
+def change_page(table: TableInfo, since: int, bound: int, records: Sequence[Any], limit: int) -> ChangePage:
+    """Up to ``limit`` rows; ``records`` holds one more when another page follows."""
+    rows = list(map(_RowReader(table, since), records[:limit]))
+    if len(records) <= limit:
+        return ChangePage(rows, bound)
+    last = rows[-1]
+    return ChangePage(rows, bound, more=True, cursor=(last.version, tuple(last.key.values())))
+
+
+class HeldRead:
+    """The rest of a paged read, in a WITH HOLD cursor on the reader's session.
+
+    It continues only the read it belongs to (same connection, since, bound
+    and the cursor of the page last returned); anything else starts afresh."""
+
+    def __init__(self, conn: Connection, name: str, since: int, bound: int) -> None:
+        self.conn, self.name, self.since, self.bound = conn, name, since, bound
+        self.after: Cursor | None = None
+        self.pending: list[Any] = []  # the row fetched ahead to learn whether more follow
+
+    @classmethod
+    async def declare(
+        cls, conn: Connection, query: sql.Composed, params: Sequence[Any], since: int, bound: int
+    ) -> HeldRead:
+        """Declare inside the read's transaction: the cursor sees its snapshot."""
+        held = cls(conn, f"cdc_read_{next(_names)}", since, bound)
+        declare = sql.SQL("declare {} no scroll cursor with hold for {}").format(
+            sql.Identifier(held.name), query
+        )
+        await conn.execute(declare, params)
+        return held
+
+    def continues(self, conn: Connection, since: int, upto: int | None, after: Cursor | None) -> bool:
+        return (conn, since, upto, after) == (self.conn, self.since, self.bound, self.after)
+
+    async def next_page(self, table: TableInfo, limit: int) -> ChangePage:
+        count = limit + 1 - len(self.pending)
+        fetch = sql.SQL("fetch forward {} from {}").format(sql.Literal(count), sql.Identifier(self.name))
+        records = self.pending + await (await self.conn.execute(fetch)).fetchall()
+        page = change_page(table, self.since, self.bound, records, limit)
+        self.pending, self.after = records[limit:], page.cursor
+        return page
+
+    async def close(self) -> None:
+        if not (self.conn.closed or self.conn.broken):
+            await self.conn.execute(sql.SQL("close {}").format(sql.Identifier(self.name)))
+
+
+def snapshot_query(table: TableInfo, *, after: bool) -> sql.Composed:
+    """A keyset page: parameters [last key...], limit."""
+    keys = sql.SQL(", ").join(map(sql.Identifier, table.primary_key))
+    cursor: sql.Composable = sql.SQL("")
+    if after:
+        placeholders = sql.SQL(", ").join(sql.Placeholder() * len(table.primary_key))
+        cursor = sql.SQL(" where ({}) > ({})").format(keys, placeholders)
+    return sql.SQL("select {} from {}{} order by {} limit %s").format(
+        sql.SQL(", ").join(map(sql.Identifier, table.column_names)),
+        sql.Identifier(table.schema, table.name),
+        cursor,
+        keys,
+    )

@@ -1,0 +1,362 @@
+"""The change tracking that ``cdc tracking enable`` installs in PostgreSQL.
+
+PostgreSQL has no built-in change tracking (DESIGN.md §2), so cdc-sync brings
+its own, in one schema (``cdc_tracking`` unless configured otherwise)::
+
+    <schema>.tracked_tables      registry: "schema.name" -> net table, min_valid_version
+    <schema>.<net table>         per tracked table, one row per changed primary key:
+                                 op (I/U/D), version, creation_version,
+                                 column_versions {column: version}, changed_at
+    <schema>.<net>_capture()     row trigger: upserts the key's net row
+    <schema>.on_truncate()       TRUNCATE: forgets the table's entries and raises
+                                 its min_valid_version (a truncate is not tracked)
+    <schema>.notify()            statement trigger: pg_notify('<schema>', 'schema.name')
+    <schema>.cleanup(interval)   retention: deletes old entries, raises min_valid_version
+
+A version is the writing transaction's id (``pg_current_xact_id()``). Readers
+only take entries below their snapshot's ``xmin``, where every transaction has
+ended, so an entry can never appear later below a version a reader passed.
+The capture functions are ``SECURITY DEFINER`` (with a fixed search_path): the
+applications that write the tables need no privilege on the tracking schema.
+Their triggers are ``ENABLE ALWAYS`` so that changes applied by logical
+replication (``session_replication_role = replica``) are tracked too.
+
+Every name goes through ``psycopg.sql.Identifier`` and every value through a
+literal or a parameter; function bodies are composed the same way, then passed
+to ``CREATE FUNCTION`` as one string literal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from psycopg import sql
+
+from cdc.errors import SchemaError
+from cdc.sources.pg_catalog import CatalogTable, Connection, find_table
+
+# Columns of a net table besides the primary key: a source key column cannot share a name.
+META_COLUMNS = ("op", "version", "creation_version", "column_versions", "changed_at")
+_MAX_NAME = 63  # PostgreSQL's NAMEDATALEN - 1, in bytes
+
+
+def _clip(name: str, size: int) -> str:
+    return name.encode()[:size].decode(errors="ignore")
+
+
+def net_table_name(schema: str, name: str) -> str:
+    """Readable, unique and short enough: the table's name and a hash of "schema.name"."""
+    digest = hashlib.sha1(f"{schema}.{name}".encode()).hexdigest()[:8]
+    return f"{_clip(name, 40)}_{digest}"
+
+
+def trigger_names(tracking_schema: str) -> tuple[str, str, str]:
+    """Row capture, truncate and notify triggers; named after the tracking schema so
+    that two tracking schemas never replace each other's triggers."""
+    base = _clip(tracking_schema, _MAX_NAME - 9)
+    return f"{base}_capture", f"{base}_truncate", f"{base}_notify"
+
+
+# -- schema-wide objects -----------------------------------------------------
+
+_REGISTRY = """
+create table if not exists {registry} (
+    table_name text primary key,  -- "schema.name"
+    net_table text not null unique,
+    min_valid_version bigint not null,
+    enabled_at timestamptz not null default now()
+)"""
+
+_NOTIFY = """
+begin
+    perform pg_notify({channel}, TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME);
+    return null;
+end"""
+
+_ON_TRUNCATE = """
+declare
+    _cdc_net text;
+begin
+    update {registry}
+       set min_valid_version = greatest(min_valid_version, pg_current_xact_id()::text::bigint)
+     where table_name = TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME
+    returning net_table into _cdc_net;
+    if _cdc_net is not null then
+        execute format('delete from %I.%I', {schema}, _cdc_net);
+    end if;
+    return null;
+end"""
+
+# Only entries below the snapshot's xmin are deleted: their transactions have
+# ended, so a reader whose checkpoint is at or above the highest deleted version
+# has read them already, and any other reader is told its checkpoint expired.
+_CLEANUP = """
+declare
+    _cdc_table record;
+    _cdc_count bigint;
+    _cdc_top bigint;
+    _cdc_total bigint := 0;
+    _cdc_horizon bigint := pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
+begin
+    for _cdc_table in select table_name, net_table from {registry} order by table_name for update loop
+        execute format('with gone as (delete from %I.%I where changed_at < now() - $1 and version < $2'
+                       ' returning version) select count(*), max(version) from gone',
+                       {schema}, _cdc_table.net_table)
+           into _cdc_count, _cdc_top using retention, _cdc_horizon;
+        if _cdc_count > 0 then
+            update {registry} set min_valid_version = greatest(min_valid_version, _cdc_top)
+             where table_name = _cdc_table.table_name;
+            _cdc_total := _cdc_total + _cdc_count;
+        end if;
+    end loop;
+    return _cdc_total;
+end"""
+
+
+def _function(
+    conn: Connection, name: sql.Identifier, args: str, returns: str, body: sql.Composable, definer: bool
+) -> sql.Composed:
+    """CREATE OR REPLACE FUNCTION with a composed plpgsql body passed as a literal."""
+    security = "security definer set search_path = pg_catalog, pg_temp" if definer else ""
+    return sql.SQL("create or replace function {}({}) returns {} language plpgsql {} as {}").format(
+        name, sql.SQL(args), sql.SQL(returns), sql.SQL(security), sql.Literal(body.as_string(conn))
+    )
+
+
+async def install_schema(conn: Connection, schema: str) -> None:
+    """The schema, the registry and the shared functions (idempotent)."""
+    ident, registry = sql.Identifier(schema), sql.Identifier(schema, "tracked_tables")
+    literal = sql.Literal(schema)
+    await conn.execute(sql.SQL("create schema if not exists {}").format(ident))
+    await conn.execute(sql.SQL(_REGISTRY).format(registry=registry))
+    bodies = {
+        "notify": (sql.SQL(_NOTIFY).format(channel=literal), False),
+        "on_truncate": (sql.SQL(_ON_TRUNCATE).format(registry=registry, schema=literal), True),
+    }
+    for name, (body, definer) in bodies.items():
+        await conn.execute(_function(conn, sql.Identifier(schema, name), "", "trigger", body, definer))
+    cleanup = sql.SQL(_CLEANUP).format(registry=registry, schema=literal)
+    fn = sql.Identifier(schema, "cleanup")
+    await conn.execute(_function(conn, fn, "retention interval", "bigint", cleanup, False))
+
+
+async def lock_schema(conn: Connection, schema: str) -> None:
+    """Serialize enable/disable across sidecars for the transaction's duration."""
+    await conn.execute("select pg_advisory_xact_lock(hashtext(%s))", [f"cdc-sync tracking {schema}"])
+
+
+# -- per-table objects -------------------------------------------------------
+
+_CAPTURE = """
+declare
+    _cdc_version bigint := pg_current_xact_id()::text::bigint;
+    _cdc_changed jsonb;
+begin
+    if TG_OP = 'DELETE' or (TG_OP = 'UPDATE' and row({old}) is distinct from row({new})) then
+        insert into {net} as e ({keys}, op, version, creation_version, column_versions, changed_at)
+        values ({old}, 'D', _cdc_version, 0, '{{}}', now())
+        on conflict ({keys}) do update set op = 'D', version = _cdc_version, changed_at = now();
+    end if;
+    if TG_OP = 'INSERT' or (TG_OP = 'UPDATE' and row({old}) is distinct from row({new})) then
+        insert into {net} as e ({keys}, op, version, creation_version, column_versions, changed_at)
+        values ({new}, 'I', _cdc_version, _cdc_version, '{{}}', now())
+        on conflict ({keys}) do update set op = 'I', version = _cdc_version,
+            creation_version = _cdc_version, column_versions = '{{}}', changed_at = now();
+    elsif TG_OP = 'UPDATE' then
+        select coalesce(jsonb_object_agg(n.key, _cdc_version), '{{}}') into _cdc_changed
+          from jsonb_each_text(to_jsonb(NEW)) as n
+         where n.value is distinct from to_jsonb(OLD) ->> n.key;
+        insert into {net} as e ({keys}, op, version, creation_version, column_versions, changed_at)
+        values ({new}, 'U', _cdc_version, 0, _cdc_changed, now())
+        on conflict ({keys}) do update set op = 'U', version = _cdc_version,
+            column_versions = e.column_versions || _cdc_changed, changed_at = now();
+    end if;
+    return null;
+end"""
+
+
+def _capture_body(schema: str, net: str, key: tuple[str, ...]) -> sql.Composed:
+    """The row trigger: a primary-key update is a delete of the old key and an
+    insert of the new one; an update records, per column, the version of its
+    last change (text comparison, so 1.0 -> 1.00 counts as a change)."""
+
+    def record(name: str) -> sql.Composed:
+        return sql.SQL(", ").join(sql.SQL(name + ".{}").format(sql.Identifier(k)) for k in key)
+
+    return sql.SQL(_CAPTURE).format(
+        net=sql.Identifier(schema, net),
+        keys=sql.SQL(", ").join(map(sql.Identifier, key)),
+        old=record("OLD"),
+        new=record("NEW"),
+    )
+
+
+def check_trackable(table: CatalogTable) -> None:
+    """A net table needs the source's primary key, under names free for its own columns."""
+    if not table.primary_key:
+        raise SchemaError(f"{table.qualified}: the table has no primary key; change tracking needs one")
+    taken = [k for k in table.primary_key if k in META_COLUMNS or k.startswith("_cdc_")]
+    if taken:
+        raise SchemaError(
+            f"{table.qualified}: primary-key column {taken[0]!r} clashes with a change-tracking column "
+            f"({', '.join(META_COLUMNS)})"
+        )
+
+
+async def _net_table_fits(conn: Connection, schema: str, net: str, table: CatalogTable) -> bool:
+    """The existing net table (if any) has the source's primary key, same names and types."""
+    existing = await find_table(conn, schema, net)
+    if existing is None:
+        return False
+
+    def signature(t: CatalogTable) -> list[tuple[str, str | None]]:
+        return [(k, c.type_name if (c := t.column(k)) else None) for k in t.primary_key]
+
+    return signature(existing) == signature(table)
+
+
+async def _create_net_table(conn: Connection, schema: str, net: str, table: CatalogTable) -> None:
+    """Key columns copied from the source (types, typmods, collations), plus the metadata."""
+    target = sql.Identifier(schema, net)
+    keys = sql.SQL(", ").join(map(sql.Identifier, table.primary_key))
+    source = sql.Identifier(table.schema, table.name)
+    await conn.execute(sql.SQL("drop table if exists {}").format(target))
+    await conn.execute(
+        sql.SQL("create table {} as select {} from {} with no data").format(target, keys, source)
+    )
+    await conn.execute(
+        sql.SQL(
+            "alter table {} add column op char(1) not null, add column version bigint not null,"
+            " add column creation_version bigint not null,"
+            " add column column_versions jsonb not null default '{{}}',"
+            " add column changed_at timestamptz not null, add primary key ({})"
+        ).format(target, keys)
+    )
+    await conn.execute(sql.SQL("create index on {} (version, {})").format(target, keys))
+
+
+async def _register(conn: Connection, schema: str, table: CatalogTable, net: str) -> None:
+    """(Re)start the table's history: checkpoints from before this transaction are invalid."""
+    await conn.execute(
+        sql.SQL(
+            "insert into {} (table_name, net_table, min_valid_version)"
+            " values (%s, %s, pg_current_xact_id()::text::bigint)"
+            " on conflict (table_name) do update set net_table = excluded.net_table,"
+            " min_valid_version = excluded.min_valid_version, enabled_at = now()"
+        ).format(sql.Identifier(schema, "tracked_tables")),
+        [table.qualified, net],
+    )
+
+
+async def _create_triggers(conn: Connection, schema: str, net: str, table: CatalogTable) -> None:
+    capture, truncate, notify = trigger_names(schema)
+    function = sql.Identifier(schema, f"{net}_capture")
+    body = _capture_body(schema, net, table.primary_key)
+    await conn.execute(_function(conn, function, "", "trigger", body, True))
+    source = sql.Identifier(table.schema, table.name)
+    triggers = (
+        (capture, "insert or update or delete", "row", function),
+        (truncate, "truncate", "statement", sql.Identifier(schema, "on_truncate")),
+        (notify, "insert or update or delete or truncate", "statement", sql.Identifier(schema, "notify")),
+    )
+    for name, events, level, fn in triggers:
+        trigger = sql.Identifier(name)
+        await conn.execute(sql.SQL("drop trigger if exists {} on {}").format(trigger, source))
+        await conn.execute(
+            sql.SQL("create trigger {} after {} on {} for each {} execute function {}()").format(
+                trigger, sql.SQL(events), source, sql.SQL(level), fn
+            )
+        )
+        await conn.execute(sql.SQL("alter table {} enable always trigger {}").format(source, trigger))
+
+
+async def enable_table(conn: Connection, schema: str, table: CatalogTable) -> str:
+    """Track ``table`` (idempotent). The history is kept when the net table still
+    fits the primary key, and restarted (checkpoints expire) when it does not."""
+    check_trackable(table)
+    net = net_table_name(table.schema, table.name)
+    entry = await registry_entry(conn, schema, table.qualified)
+    kept = entry is not None and entry.net_table == net and await _net_table_fits(conn, schema, net, table)
+    if not kept:
+        await _create_net_table(conn, schema, net, table)
+        await _register(conn, schema, table, net)
+    await _create_triggers(conn, schema, net, table)
+    state = "already enabled, triggers refreshed" if kept else "enabled"
+    return f"{table.qualified}: change tracking {state} (net table {schema}.{net})"
+
+
+async def disable_table(conn: Connection, schema: str, table_schema: str, table_name: str) -> str:
+    """Drop the table's triggers, capture function, net table and registry entry."""
+    qualified = f"{table_schema}.{table_name}"
+    source = await find_table(conn, table_schema, table_name)
+    if source is not None:
+        for name in trigger_names(schema):
+            await conn.execute(
+                sql.SQL("drop trigger if exists {} on {}").format(
+                    sql.Identifier(name), sql.Identifier(table_schema, table_name)
+                )
+            )
+    entry = await registry_entry(conn, schema, qualified)
+    if entry is None:
+        return f"{qualified}: change tracking was not enabled"
+    await conn.execute(sql.SQL("drop table if exists {}").format(sql.Identifier(schema, entry.net_table)))
+    function = sql.Identifier(schema, f"{entry.net_table}_capture")
+    await conn.execute(sql.SQL("drop function if exists {}()").format(function))
+    await conn.execute(
+        sql.SQL("delete from {} where table_name = %s").format(sql.Identifier(schema, "tracked_tables")),
+        [qualified],
+    )
+    return f"{qualified}: change tracking disabled"
+
+
+async def drop_schema_if_unused(conn: Connection, schema: str) -> bool:
+    """Drop the tracking schema once no table is tracked any more."""
+    if not await installed(conn, schema):
+        return False
+    registry = sql.Identifier(schema, "tracked_tables")
+    row = await (await conn.execute(sql.SQL("select count(*) from {}").format(registry))).fetchone()
+    if row is None or row[0] > 0:
+        return False
+    await conn.execute(sql.SQL("drop schema {} cascade").format(sql.Identifier(schema)))
+    return True
+
+
+# -- what is installed -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RegistryEntry:
+    table: str
+    net_table: str
+    min_valid_version: int
+
+
+async def installed(conn: Connection, schema: str) -> bool:
+    row = await (
+        await conn.execute("select to_regclass(format('%%I.tracked_tables', %s::text)) is not null", [schema])
+    ).fetchone()
+    return bool(row and row[0])
+
+
+async def registry_entry(conn: Connection, schema: str, table: str) -> RegistryEntry | None:
+    if not await installed(conn, schema):
+        return None
+    query = sql.SQL("select table_name, net_table, min_valid_version from {} where table_name = %s")
+    row = await (
+        await conn.execute(query.format(sql.Identifier(schema, "tracked_tables")), [table])
+    ).fetchone()
+    return RegistryEntry(*row) if row else None
+
+
+async def trigger_states(conn: Connection, schema: str, table_oid: int) -> dict[str, str]:
+    """Each of this schema's triggers on the table -> pg_trigger.tgenabled ('' when missing)."""
+    names = list(trigger_names(schema))
+    rows = await (
+        await conn.execute(
+            "select tgname, tgenabled from pg_trigger where tgrelid = %s and tgname = any(%s)",
+            [table_oid, names],
+        )
+    ).fetchall()
+    found = {name: str(enabled) for name, enabled in rows}
+    return {name: found.get(name, "") for name in names}

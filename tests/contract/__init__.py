@@ -1,0 +1,1 @@
+"""The ChangeSource contract suite, run against every source's harness."""

@@ -1,0 +1,438 @@
+"""Harnesses for the ChangeSource contract suite.
+
+The contract (DESIGN.md §2, ``cdc.sources.base``) is the same for every
+source, so its tests are written once, against ``SourceHarness``: a database
+of one dialect with a ``ChangeSource`` reading it. A harness creates tables
+from a small column spec (logical types), writes to them in its dialect
+(``Writer``: one open transaction on a connection of its own, so tests can
+interleave concurrent transactions), reads a table's actual contents, and
+forces the events that invalidate checkpoints (retention cleanup, TRUNCATE).
+Everything dialect-specific stays in the harness: SQL text, type names, the
+type round-trip cases.
+
+To add a source: subclass ``SourceHarness`` and ``Writer``, and register a
+factory in ``HARNESSES`` (it receives the pytest request, to reach the fixtures
+it needs, and skips the test where its server is missing). The helpers at the
+end (``read_all``, ``Replica``) are dialect-free.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.rows import TupleRow
+
+from cdc.config import SourceConfig, TableConfig
+from cdc.sources.base import ChangeRow, ChangeSource, SnapshotPage, TableInfo
+from cdc.sources.pg_tracking import net_table_name
+from cdc.sources.postgres import PostgresSource
+from cdc.templates import Template
+
+Key = tuple[Any, ...]
+
+# Logical column types the tests use: int, bigint, text, decimal (12,2), float, bool.
+LOGICAL_TYPES = ("int", "bigint", "text", "decimal", "float", "bool")
+
+
+@dataclass(frozen=True)
+class TypeCase:
+    """One column type: a value written as a SQL expression of the dialect, and
+    the JSON text ``cdc.values.encode_value`` must make of what the source reads."""
+
+    column: str
+    column_type: str
+    literal: str
+    expected: bytes
+
+
+def table_config(schema: str, name: str, columns: Sequence[str] | None = None) -> TableConfig:
+    return TableConfig(
+        table=f"{schema}.{name}",
+        schema=schema,
+        name=name,
+        section=name,
+        partition=Template.parse(name),
+        key=None,
+        columns=tuple(columns) if columns is not None else None,
+    )
+
+
+class Writer(abc.ABC):
+    """One transaction, open until ``commit`` or ``rollback``."""
+
+    @abc.abstractmethod
+    async def take_version(self) -> None:
+        """Make the transaction take what orders its changes now, long before it commits
+        (PostgreSQL: its transaction id)."""
+
+    @abc.abstractmethod
+    async def insert(self, table: TableConfig, row: Mapping[str, Any]) -> None: ...
+
+    @abc.abstractmethod
+    async def upsert(self, table: TableConfig, row: Mapping[str, Any]) -> None:
+        """Insert the row, or update every given column where the key exists."""
+
+    @abc.abstractmethod
+    async def update(self, table: TableConfig, key: Mapping[str, Any], values: Mapping[str, Any]) -> None: ...
+
+    @abc.abstractmethod
+    async def delete(self, table: TableConfig, key: Mapping[str, Any]) -> None: ...
+
+    @abc.abstractmethod
+    async def move(self, table: TableConfig, key: Mapping[str, Any], new_key: Mapping[str, Any]) -> None:
+        """Update the primary key of a row, if the row exists and the new key is free."""
+
+    @abc.abstractmethod
+    async def commit(self) -> None: ...
+
+    @abc.abstractmethod
+    async def rollback(self) -> None: ...
+
+
+class SourceHarness(abc.ABC):
+    kind: str
+    source: ChangeSource
+    unsupported_type: str  # a column type the source must refuse to publish
+
+    @abc.abstractmethod
+    async def create_table(
+        self,
+        name: str,
+        columns: Mapping[str, str],
+        key: Sequence[str],
+        *,
+        published: Sequence[str] | None = None,
+        track: bool = True,
+    ) -> TableConfig:
+        """Create ``name`` with ``columns`` (name -> logical type, or a dialect type
+        for the type cases) and primary ``key`` (may be empty), and enable tracking."""
+
+    @abc.abstractmethod
+    async def begin(self) -> Writer: ...
+
+    @abc.abstractmethod
+    async def rows(self, table: TableConfig) -> dict[Key, dict[str, Any]]:
+        """The table's committed contents: primary-key values -> every column."""
+
+    @abc.abstractmethod
+    async def insert_literals(self, table: TableConfig, row: Mapping[str, str]) -> None:
+        """Insert one row given as SQL expressions of the dialect."""
+
+    @abc.abstractmethod
+    async def truncate(self, table: TableConfig) -> None: ...
+
+    @abc.abstractmethod
+    async def expire_tracking(self, table: TableConfig) -> None:
+        """Run retention cleanup so that every change tracked so far is removed."""
+
+    @abc.abstractmethod
+    def type_cases(self) -> Sequence[TypeCase]: ...
+
+    @abc.abstractmethod
+    async def settle(self) -> None:
+        """Return once every transaction committed so far lies within a read's
+        bound. Immediate where commits are readable at once; where other open
+        transactions hold the bound back (PostgreSQL), a wait with a deadline."""
+
+    @asynccontextmanager
+    async def writer(self) -> AsyncIterator[Writer]:
+        """A transaction committed at the end of the block (rolled back on error),
+        and settled: a read right after the block sees it."""
+        writer = await self.begin()
+        try:
+            yield writer
+        except BaseException:
+            await writer.rollback()
+            raise
+        await writer.commit()
+        await self.settle()
+
+
+# -- PostgreSQL ----------------------------------------------------------------
+
+_PG_TYPES = {
+    "int": "integer",
+    "bigint": "bigint",
+    "text": "text",
+    "decimal": "numeric(12,2)",
+    "float": "double precision",
+    "bool": "boolean",
+}
+
+_PG_CASES = (
+    TypeCase("c_smallint", "smallint", "-32768", b"-32768"),
+    TypeCase("c_int", "integer", "2147483647", b"2147483647"),
+    TypeCase("c_bigint", "bigint", "9223372036854775807", b"9223372036854775807"),
+    TypeCase("c_numeric", "numeric(20,4)", "12345678901234.5600", b'"12345678901234.5600"'),
+    TypeCase("c_numeric_free", "numeric", "-0.000125", b'"-0.000125"'),
+    TypeCase("c_real", "real", "1.5", b"1.5"),
+    TypeCase("c_double", "double precision", "0.1", b"0.1"),
+    TypeCase("c_bool", "boolean", "true", b"true"),
+    TypeCase("c_text", "text", "E'h\\u00e9llo \"w\\u00f6rld\"\\n'", '"héllo \\"wörld\\"\\n"'.encode()),
+    TypeCase("c_varchar", "varchar(10)", "'abc'", b'"abc"'),
+    TypeCase("c_char", "char(4)", "'ab'", b'"ab  "'),
+    TypeCase("c_bytea", "bytea", "'\\x00ff10'::bytea", b'"AP8Q"'),
+    TypeCase(
+        "c_uuid",
+        "uuid",
+        "'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11'",
+        b'"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"',
+    ),
+    TypeCase("c_date", "date", "'2024-02-29'", b'"2024-02-29"'),
+    TypeCase("c_date_infinity", "date", "'infinity'", b'"infinity"'),
+    TypeCase("c_time", "time", "'13:45:30.125'", b'"13:45:30.125000"'),
+    TypeCase("c_timestamp", "timestamp", "'2024-02-29 13:45:30.5'", b'"2024-02-29T13:45:30.500000"'),
+    TypeCase("c_timestamptz", "timestamptz", "'2024-02-29 13:45:30+02'", b'"2024-02-29T11:45:30+00:00"'),
+    TypeCase("c_interval", "interval", "'1 year 2 months 3 days 04:05:06.5'", b'"P1Y2M3DT4H5M6.5S"'),
+    TypeCase("c_json", "json", '\'{"b": 1, "a": [1.5, null, "x"]}\'', b'{"b":1,"a":[1.5,null,"x"]}'),
+    TypeCase("c_jsonb", "jsonb", '\'{"bb": 1, "a": {"c": true}}\'', b'{"a":{"c":true},"bb":1}'),
+    TypeCase("c_int_array", "integer[]", "'{1,2,NULL}'", b"[1,2,null]"),
+    TypeCase("c_text_array", "text[]", "'{\"a b\",c}'", b'["a b","c"]'),
+    TypeCase("c_numeric_array", "numeric[]", "'{1.10,2}'", b'["1.10","2"]'),
+    TypeCase("c_timestamp_array", "timestamp[]", "'{2024-01-01 00:00:00}'", b'["2024-01-01T00:00:00"]'),
+)
+
+
+class PostgresWriter(Writer):
+    def __init__(self, conn: psycopg.AsyncConnection[TupleRow], keys: Mapping[str, tuple[str, ...]]) -> None:
+        self.conn = conn  # not autocommit: the first statement begins the transaction
+        self.keys = keys  # table name -> primary key
+
+    async def take_version(self) -> None:
+        await self.conn.execute("select pg_current_xact_id()")
+
+    async def insert(self, table: TableConfig, row: Mapping[str, Any]) -> None:
+        await self.conn.execute(_insert(table, row), list(row.values()))
+
+    async def upsert(self, table: TableConfig, row: Mapping[str, Any]) -> None:
+        key = self.keys[table.name]
+        updates = [c for c in row if c not in key]
+        query = sql.SQL("{} on conflict ({}) do update set {}").format(
+            _insert(table, row),
+            sql.SQL(", ").join(map(sql.Identifier, key)),
+            sql.SQL(", ").join(sql.SQL("{0} = excluded.{0}").format(sql.Identifier(c)) for c in updates),
+        )
+        await self.conn.execute(query, list(row.values()))
+
+    async def update(self, table: TableConfig, key: Mapping[str, Any], values: Mapping[str, Any]) -> None:
+        query = sql.SQL("update {} set {} where {}").format(_name(table), _pairs(values, ", "), _pairs(key))
+        await self.conn.execute(query, [*values.values(), *key.values()])
+
+    async def delete(self, table: TableConfig, key: Mapping[str, Any]) -> None:
+        await self.conn.execute(
+            sql.SQL("delete from {} where {}").format(_name(table), _pairs(key)), list(key.values())
+        )
+
+    async def move(self, table: TableConfig, key: Mapping[str, Any], new_key: Mapping[str, Any]) -> None:
+        query = sql.SQL("update {0} set {1} where {2} and not exists (select from {0} where {3})").format(
+            _name(table), _pairs(new_key, ", "), _pairs(key), _pairs(new_key)
+        )
+        await self.conn.execute(query, [*new_key.values(), *key.values(), *new_key.values()])
+
+    async def commit(self) -> None:
+        await self.conn.commit()
+        await self.conn.close()
+
+    async def rollback(self) -> None:
+        await self.conn.rollback()
+        await self.conn.close()
+
+
+def _name(table: TableConfig) -> sql.Identifier:
+    return sql.Identifier(table.schema, table.name)
+
+
+def _pairs(values: Mapping[str, Any], separator: str = " and ") -> sql.Composed:
+    return sql.SQL(separator).join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in values)
+
+
+def _insert(table: TableConfig, row: Mapping[str, Any]) -> sql.Composed:
+    return sql.SQL("insert into {} ({}) values ({})").format(
+        _name(table),
+        sql.SQL(", ").join(map(sql.Identifier, row)),
+        sql.SQL(", ").join(sql.Placeholder() * len(row)),
+    )
+
+
+class PostgresHarness(SourceHarness):
+    kind = "postgres"
+    unsupported_type = "tsvector"
+
+    def __init__(self, dsn: str, schema: str, admin: psycopg.AsyncConnection[TupleRow]) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        self.tracking_schema = f"{schema}_cdc"
+        self.admin = admin  # autocommit, for DDL and reading contents
+        self.keys: dict[str, tuple[str, ...]] = {}
+        self.writers: list[PostgresWriter] = []  # closed at teardown, should a test fail midway
+        config = SourceConfig(kind="postgres", dsn=dsn, tracking_schema=self.tracking_schema)
+        self.pg_source = PostgresSource(config)
+        self.source = self.pg_source
+
+    @classmethod
+    @asynccontextmanager
+    async def running(cls, request: pytest.FixtureRequest) -> AsyncIterator[SourceHarness]:
+        dsn, schema = request.getfixturevalue("postgres_dsn"), request.getfixturevalue("pg_schema")
+        admin = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        harness = cls(dsn, schema, admin)
+        try:
+            await harness.source.connect()
+            yield harness
+        finally:
+            for writer in harness.writers:
+                await writer.conn.close()
+            await harness.source.close()
+            await admin.execute(
+                sql.SQL("drop schema if exists {} cascade").format(sql.Identifier(harness.tracking_schema))
+            )
+            await admin.close()
+
+    async def create_table(
+        self,
+        name: str,
+        columns: Mapping[str, str],
+        key: Sequence[str],
+        *,
+        published: Sequence[str] | None = None,
+        track: bool = True,
+    ) -> TableConfig:
+        table = table_config(self.schema, name, published)
+        definitions = [
+            sql.SQL("{} {}").format(sql.Identifier(column), sql.SQL(_PG_TYPES.get(kind, kind)))
+            for column, kind in columns.items()
+        ]
+        if key:
+            definitions.append(
+                sql.SQL("primary key ({})").format(sql.SQL(", ").join(map(sql.Identifier, key)))
+            )
+        await self.admin.execute(
+            sql.SQL("create table {} ({})").format(_name(table), sql.SQL(", ").join(definitions))
+        )
+        self.keys[name] = tuple(key)
+        if track:
+            await self.source.tracking_enable([table])
+            await self.settle()  # a snapshot now is above the start of tracking
+        return table
+
+    async def begin(self) -> Writer:
+        writer = PostgresWriter(await psycopg.AsyncConnection.connect(self.dsn), self.keys)
+        self.writers = [w for w in self.writers if not w.conn.closed] + [writer]
+        return writer
+
+    async def rows(self, table: TableConfig) -> dict[Key, dict[str, Any]]:
+        cur = await self.admin.execute(sql.SQL("select * from {}").format(_name(table)))
+        names = [d.name for d in cur.description or ()]
+        contents = [dict(zip(names, r, strict=True)) for r in await cur.fetchall()]
+        return {tuple(r[k] for k in self.keys[table.name]): r for r in contents}
+
+    async def insert_literals(self, table: TableConfig, row: Mapping[str, str]) -> None:
+        await self.admin.execute(
+            sql.SQL("insert into {} ({}) values ({})").format(
+                _name(table),
+                sql.SQL(", ").join(map(sql.Identifier, row)),
+                sql.SQL(", ").join(map(sql.SQL, row.values())),
+            )
+        )
+        await self.settle()
+
+    async def truncate(self, table: TableConfig) -> None:
+        await self.admin.execute(sql.SQL("truncate table {}").format(_name(table)))
+
+    async def expire_tracking(self, table: TableConfig) -> None:
+        """Age the table's entries past a one-hour retention, then run the cleanup
+        (once settled: cleanup spares what a transaction still running could precede)."""
+        await self.settle()
+        net = sql.Identifier(self.tracking_schema, net_table_name(table.schema, table.name))
+        await self.admin.execute(
+            sql.SQL("update {} set changed_at = changed_at - interval '2 hours'").format(net)
+        )
+        await self.source.cleanup(3600.0)
+
+    def type_cases(self) -> Sequence[TypeCase]:
+        return _PG_CASES
+
+    async def settle(self, timeout: float = 10.0) -> None:
+        """Wait until every transaction id assigned so far is below a read's bound
+        (autovacuum's analyze, say, can hold the bound for a moment)."""
+        row = await (
+            await self.admin.execute("select pg_snapshot_xmax(pg_current_snapshot())::text::bigint")
+        ).fetchone()
+        assert row is not None
+        async with asyncio.timeout(timeout):
+            while True:
+                if await self.source.current_version() >= row[0] - 1:
+                    return
+                await asyncio.sleep(0.01)  # a server-side condition: polled
+
+
+HarnessFactory = Callable[[pytest.FixtureRequest], AbstractAsyncContextManager[SourceHarness]]
+
+# kind -> factory; the contract suite runs once per entry.
+HARNESSES: dict[str, HarnessFactory] = {"postgres": PostgresHarness.running}
+
+
+# -- dialect-free helpers ------------------------------------------------------
+
+
+def key_of(info: TableInfo, values: Mapping[str, Any]) -> Key:
+    return tuple(values[k] for k in info.primary_key)
+
+
+async def read_all(
+    source: ChangeSource, info: TableInfo, since: int, limit: int = 1000
+) -> tuple[list[ChangeRow], int]:
+    """One complete read from ``since``, following pages: the rows and the new checkpoint."""
+    page = await source.read_changes(info, since, limit=limit)
+    rows = list(page.rows)
+    while page.more:
+        page = await source.read_changes(info, since, limit=limit, upto=page.next_version, after=page.cursor)
+        rows += page.rows
+    return rows, page.next_version
+
+
+class Replica:
+    """A table rebuilt the way the tracker does it: a snapshot, then every read's
+    net changes from the last checkpoint, applied in order."""
+
+    def __init__(self, source: ChangeSource, info: TableInfo, version: int) -> None:
+        self.source, self.info, self.version = source, info, version
+        self.rows: dict[Key, dict[str, Any]] = {}
+
+    @classmethod
+    async def from_snapshot(cls, source: ChangeSource, info: TableInfo, page_size: int = 7) -> Replica:
+        pages: list[SnapshotPage] = [p async for p in source.snapshot(info, page_size=page_size)]
+        replica = cls(source, info, pages[0].version)
+        for page in pages:
+            assert page.version == replica.version
+            for row in page.rows:
+                replica.rows[key_of(info, row)] = row
+        return replica
+
+    def apply(self, rows: Sequence[ChangeRow]) -> None:
+        for row in rows:
+            key = key_of(self.info, row.key)
+            assert self.version < row.version, f"{row} is not after the checkpoint {self.version}"
+            if row.op == "D":
+                self.rows.pop(key, None)
+                continue
+            assert row.values is not None
+            if row.op == "U":
+                assert key in self.rows, f"U for {key}, which did not exist at {self.version}"
+            self.rows[key] = row.values
+
+    async def catch_up(self, limit: int = 1000) -> list[ChangeRow]:
+        """Read and apply everything after the checkpoint; advance it."""
+        rows, next_version = await read_all(self.source, self.info, self.version, limit)
+        assert next_version >= self.version
+        assert all(r.version <= next_version for r in rows)
+        self.apply(rows)
+        self.version = next_version
+        return rows

@@ -1,0 +1,478 @@
+"""What only the PostgreSQL source has: the tracking it installs, transaction
+ids as versions, LISTEN/NOTIFY wake-ups, and the mapping of driver errors.
+
+The behaviour every source shares is proven in tests/contract/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+from contract.harness import PostgresHarness, PostgresWriter, Replica, read_all, table_config
+from psycopg import sql
+
+from cdc.config import SourceConfig
+from cdc.devservers import free_port
+from cdc.errors import (
+    ConnectError,
+    SchemaError,
+    SourceUnavailable,
+    TrackingExpired,
+    TrackingNotEnabled,
+    UnsupportedType,
+)
+from cdc.sources import make_source
+from cdc.sources.base import ChangeSource, TableInfo
+from cdc.sources.pg_tracking import net_table_name, trigger_names
+from cdc.sources.postgres import PostgresSource
+from cdc.values import encode_value
+
+ITEMS = {"id": "int", "n": "int", "note": "text"}
+
+
+@pytest.fixture
+async def pg(request: pytest.FixtureRequest) -> AsyncIterator[PostgresHarness]:
+    async with PostgresHarness.running(request) as harness:
+        assert isinstance(harness, PostgresHarness)
+        yield harness
+
+
+async def scalar(pg: PostgresHarness, query: str | sql.Composable, *params: Any) -> Any:
+    row = await (await pg.admin.execute(query, params or None)).fetchone()
+    return row[0] if row else None
+
+
+async def tracked(pg: PostgresHarness, name: str = "items") -> tuple[TableInfo, ChangeSource]:
+    table = await pg.create_table(name, ITEMS, ["id"])
+    return await pg.source.describe(table), pg.source
+
+
+async def scalar_in(writer: PostgresWriter, query: str) -> Any:
+    row = await (await writer.conn.execute(query)).fetchone()
+    return row[0] if row else None
+
+
+async def execute(pg: PostgresHarness, statement: str) -> None:
+    """Run a statement of the test's own (``{s}`` is the test schema), settled."""
+    await pg.admin.execute(statement.replace("{s}", f'"{pg.schema}"'))
+    await pg.settle()
+
+
+# -- what enable installs ------------------------------------------------------
+
+
+async def test_enable_installs_registry_net_table_triggers_and_functions(pg: PostgresHarness) -> None:
+    table = await pg.create_table(
+        "orders", {"region": "text", "id": "uuid", "total": "decimal"}, ["region", "id"]
+    )
+    ts, net = pg.tracking_schema, net_table_name(pg.schema, "orders")
+
+    columns = await (
+        await pg.admin.execute(
+            "select column_name, data_type from information_schema.columns"
+            " where table_schema = %s and table_name = %s order by ordinal_position",
+            [ts, net],
+        )
+    ).fetchall()
+    assert columns == [
+        ("region", "text"),
+        ("id", "uuid"),
+        ("op", "character"),
+        ("version", "bigint"),
+        ("creation_version", "bigint"),
+        ("column_versions", "jsonb"),
+        ("changed_at", "timestamp with time zone"),
+    ]
+    index = await scalar(
+        pg, "select indexdef from pg_indexes where schemaname = %s and indexdef like %s", ts, "%(version%"
+    )
+    assert index is not None and "(version, region, id)" in index
+    registered = await scalar(
+        pg, sql.SQL("select min_valid_version from {}.tracked_tables").format(sql.Identifier(ts))
+    )
+    assert registered > 0
+    states = await (
+        await pg.admin.execute(
+            "select tgname, tgenabled from pg_trigger where tgrelid = %s::regclass order by 1",
+            [f'"{pg.schema}"."orders"'],
+        )
+    ).fetchall()
+    assert sorted(states) == sorted((name, "A") for name in trigger_names(ts))
+    definer = await scalar(
+        pg,
+        "select prosecdef from pg_proc where proname = %s and pronamespace = %s::regnamespace",
+        f"{net}_capture",
+        ts,
+    )
+    assert definer is True
+    assert [s.enabled for s in await pg.source.tracking_status([table])] == [True]
+
+
+async def test_enable_again_keeps_the_history(pg: PostgresHarness) -> None:
+    info, source = await tracked(pg)
+    since = await source.current_version()
+    async with pg.writer() as w:
+        await w.insert(table_config(pg.schema, "items"), {"id": 1, "n": 1, "note": "a"})
+    before = (await source.tracking_status([table_config(pg.schema, "items")]))[0].min_valid_version
+
+    messages = await source.tracking_enable([table_config(pg.schema, "items")])
+
+    assert "already enabled" in messages[0]
+    assert (await source.tracking_status([table_config(pg.schema, "items")]))[0].min_valid_version == before
+    rows, _ = await read_all(source, info, since)
+    assert [(r.op, r.key) for r in rows] == [("I", {"id": 1})]
+
+
+async def test_enable_after_a_primary_key_change_restarts_the_history(pg: PostgresHarness) -> None:
+    info, source = await tracked(pg)
+    since = await source.current_version()
+    await execute(pg, "alter table {s}.items drop constraint items_pkey, add primary key (id, n)")
+
+    await source.tracking_enable([table_config(pg.schema, "items")])
+    await pg.settle()
+
+    with pytest.raises(TrackingExpired):
+        await source.read_changes(info, since, limit=10)
+    info = await source.describe(table_config(pg.schema, "items"))
+    assert info.primary_key == ("id", "n")
+    replica = await Replica.from_snapshot(source, info)
+    async with pg.writer() as w:
+        await w.insert(table_config(pg.schema, "items"), {"id": 1, "n": 2, "note": "a"})
+    assert [(r.op, r.key) for r in await replica.catch_up()] == [("I", {"id": 1, "n": 2})]
+
+
+async def test_disable_removes_everything_and_the_schema_with_the_last_table(pg: PostgresHarness) -> None:
+    await tracked(pg, "one")
+    await tracked(pg, "two")
+    ts = pg.tracking_schema
+
+    assert await pg.source.tracking_disable([table_config(pg.schema, "one")]) == [
+        f"{pg.schema}.one: change tracking disabled"
+    ]
+    assert (
+        await scalar(pg, "select count(*) from pg_trigger where tgrelid = %s::regclass", f'"{pg.schema}".one')
+        == 0
+    )
+    assert await scalar(pg, "select to_regclass(%s)", f'"{ts}"."{net_table_name(pg.schema, "one")}"') is None
+    assert [s.enabled for s in await pg.source.tracking_status([table_config(pg.schema, "two")])] == [True]
+
+    messages = await pg.source.tracking_disable([table_config(pg.schema, "two")])
+
+    assert messages[-1].startswith(f"schema {ts}: dropped")
+    assert await scalar(pg, "select count(*) from pg_namespace where nspname = %s", ts) == 0
+    await execute(pg, "insert into {s}.two values (1, 1, 'still writable')")
+
+
+async def test_tables_that_cannot_be_tracked_are_refused(pg: PostgresHarness) -> None:
+    versioned = await pg.create_table("versioned", {"version": "int", "n": "int"}, ["version"], track=False)
+    with pytest.raises(SchemaError, match="version"):
+        await pg.source.tracking_enable([versioned])
+    await execute(pg, 'create table {s}."Orders" (id int primary key)')
+    with pytest.raises(SchemaError, match="did you mean .*Orders"):
+        await pg.source.describe(table_config(pg.schema, "orders"))
+    with pytest.raises(SchemaError, match="no such table"):
+        await pg.source.tracking_enable([table_config(pg.schema, "orders")])
+
+
+async def test_types_without_a_lossless_mapping_are_refused_by_name(pg: PostgresHarness) -> None:
+    columns = {"id": "int", "p": "point", "m": "money", "tz": "timetz", "ok": "text"}
+    await pg.create_table("odd", columns, ["id"], track=False)
+    for column in ("p", "m", "tz"):
+        with pytest.raises(UnsupportedType, match=rf"odd\.{column}: type"):
+            await pg.source.describe(table_config(pg.schema, "odd", [column]))
+    assert (await pg.source.describe(table_config(pg.schema, "odd", ["ok"]))).column_names == ("id", "ok")
+
+
+async def test_enums_and_domains_are_published_but_not_arrays_of_them(pg: PostgresHarness) -> None:
+    await execute(pg, "create type {s}.mood as enum ('sad', 'happy')")
+    await execute(pg, "create domain {s}.price as numeric(8,2) check (value >= 0)")
+    await execute(pg, "create domain {s}.ints as int[]")
+    s = f'"{pg.schema}"'
+    columns = {"id": "int", "m": f"{s}.mood", "p": f"{s}.price", "i": f"{s}.ints", "ms": f"{s}.mood[]"}
+    table = await pg.create_table("typed", columns, ["id"])
+    info = await pg.source.describe(table_config(pg.schema, "typed", ["m", "p", "i"]))
+    since = await pg.source.current_version()
+    await pg.insert_literals(table, {"id": "1", "m": "'happy'", "p": "'1.50'", "i": "'{1,2}'"})
+
+    rows, _ = await read_all(pg.source, info, since)
+
+    assert rows[0].values is not None
+    encoded = {c: encode_value(v) for c, v in rows[0].values.items()}
+    assert encoded == {"id": b"1", "m": b'"happy"', "p": b'"1.50"', "i": b"[1,2]"}
+    with pytest.raises(UnsupportedType, match=r"typed\.ms: .* array of an enum or a domain"):
+        await pg.source.describe(table)
+
+
+# -- versions are transaction ids ----------------------------------------------
+
+
+async def test_a_long_transaction_holds_the_bound_and_loses_nothing(pg: PostgresHarness) -> None:
+    info, source = await tracked(pg)
+    config = table_config(pg.schema, "items")
+    replica = await Replica.from_snapshot(source, info)
+    early = await pg.begin()
+    assert isinstance(early, PostgresWriter)
+    early_version = await scalar_in(early, "select pg_current_xact_id()::text::bigint")
+    later = await pg.begin()  # not pg.writer(): that would wait for the early transaction
+    await later.insert(config, {"id": 2, "n": 2, "note": "later id, commits first"})
+    await later.commit()
+
+    assert await replica.catch_up() == []
+    assert replica.version < early_version
+    await early.insert(config, {"id": 1, "n": 1, "note": "early id, commits last"})
+    await early.commit()
+
+    await pg.settle()
+    rows = await replica.catch_up()
+    assert [(r.op, r.key["id"]) for r in rows] == [("I", 1), ("I", 2)]
+    assert rows[0].version == early_version < rows[1].version
+
+
+async def test_cleanup_spares_entries_a_reader_may_not_have_passed(pg: PostgresHarness) -> None:
+    info, source = await tracked(pg)
+    config = table_config(pg.schema, "items")
+    async with pg.writer() as w:
+        await w.insert(config, {"id": 1, "n": 1, "note": "old"})
+    old_checkpoint = await source.current_version()
+    early = await pg.begin()
+    await early.take_version()  # holds xmin: what commits after it stays
+    later = await pg.begin()
+    await later.insert(config, {"id": 2, "n": 2, "note": "after xmin"})
+    await later.commit()
+    net = sql.Identifier(pg.tracking_schema, net_table_name(pg.schema, "items"))
+    await pg.admin.execute(sql.SQL("update {} set changed_at = now() - interval '1 day'").format(net))
+
+    assert await source.cleanup(3600) == 1
+    await early.rollback()
+    await pg.settle()
+
+    min_valid = (await source.tracking_status([config]))[0].min_valid_version
+    assert min_valid is not None and min_valid <= old_checkpoint
+    rows, _ = await read_all(source, info, old_checkpoint)
+    assert [r.key["id"] for r in rows] == [2]
+    with pytest.raises(TrackingExpired, match="retention cleanup"):
+        await source.read_changes(info, min_valid - 1, limit=10)
+
+
+async def test_cleanup_needs_tracking_installed(pg: PostgresHarness) -> None:
+    with pytest.raises(TrackingNotEnabled):
+        await pg.source.cleanup(60)
+
+
+async def test_changed_columns_compare_values_as_text(pg: PostgresHarness) -> None:
+    table = await pg.create_table("prices", {"id": "int", "p": "numeric", "q": "int"}, ["id"])
+    info = await pg.source.describe(table)
+    await pg.insert_literals(table, {"id": "1", "p": "1.0", "q": "1"})
+    since = await pg.source.current_version()
+    async with pg.writer() as w:
+        await w.update(table, {"id": 1}, {"q": 1})  # the same value: nothing changed
+    rows, checkpoint = await read_all(pg.source, info, since)
+    assert [(r.op, r.changed_columns) for r in rows] == [("U", frozenset())]
+
+    await execute(pg, "update {s}.prices set p = 1.00")  # equal as numbers, not as published text
+    rows, _ = await read_all(pg.source, info, checkpoint)
+    assert [(r.changed_columns, r.values) for r in rows] == [
+        (frozenset({"p"}), {"id": 1, "p": Decimal("1.00"), "q": 1})
+    ]
+
+
+# -- who writes ------------------------------------------------------------------
+
+
+@pytest.fixture
+def superuser(postgres_dsn: str) -> None:
+    with psycopg.connect(postgres_dsn) as conn:
+        row = conn.execute("select rolsuper from pg_roles where rolname = current_user").fetchone()
+    if not (row and row[0]):
+        pytest.skip("the test database user is not a superuser")
+
+
+@pytest.fixture
+def writer_role(postgres_dsn: str, superuser: None) -> Iterator[str]:
+    """A login role with rights on the test tables only."""
+    name = "w" + uuid.uuid4().hex[:10]
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("create role {} login").format(sql.Identifier(name)))
+    yield name
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("drop owned by {0}; drop role {0}").format(sql.Identifier(name)))
+
+
+async def test_writers_need_no_privilege_on_the_tracking_schema(
+    pg: PostgresHarness, writer_role: str
+) -> None:
+    info, source = await tracked(pg)
+    role = sql.Identifier(writer_role)
+    await pg.admin.execute(sql.SQL("grant usage on schema {} to {}").format(sql.Identifier(pg.schema), role))
+    await pg.admin.execute(sql.SQL("grant all on {}.items to {}").format(sql.Identifier(pg.schema), role))
+    since = await source.current_version()
+    dsn = psycopg.conninfo.make_conninfo(pg.dsn, user=writer_role)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            sql.SQL("insert into {}.items values (1, 1, 'x')").format(sql.Identifier(pg.schema))
+        )
+        await conn.execute(sql.SQL("truncate {}.items").format(sql.Identifier(pg.schema)))
+    with pytest.raises(TrackingExpired):
+        await read_all(source, info, since)
+
+
+async def test_changes_applied_by_logical_replication_are_tracked(
+    pg: PostgresHarness, superuser: None
+) -> None:
+    info, source = await tracked(pg)
+    since = await source.current_version()
+    async with await psycopg.AsyncConnection.connect(pg.dsn, autocommit=True) as conn:
+        await conn.execute("set session_replication_role = replica")
+        await conn.execute(
+            sql.SQL("insert into {}.items values (1, 1, 'replicated')").format(sql.Identifier(pg.schema))
+        )
+    await pg.settle()
+    rows, _ = await read_all(source, info, since)
+    assert [(r.op, r.key) for r in rows] == [("I", {"id": 1})]
+
+
+# -- notifications -------------------------------------------------------------
+
+
+async def test_wait_for_changes_wakes_every_waiter_with_the_table(pg: PostgresHarness) -> None:
+    info, source = await tracked(pg)
+    assert await source.wait_for_changes(0.01) == set()  # listening from now on
+    waiters = [asyncio.create_task(source.wait_for_changes(20)) for _ in range(3)]
+    await asyncio.sleep(0)  # each waiter registers before its first real wait
+
+    await execute(pg, "insert into {s}.items values (1, 1, 'wake')")
+
+    async with asyncio.timeout(10):
+        assert await asyncio.gather(*waiters) == [{info.table}] * 3
+
+
+async def test_wait_for_changes_reconnects_after_losing_its_connection(pg: PostgresHarness) -> None:
+    info, source = await tracked(pg)
+    await source.wait_for_changes(0.01)
+    waiter = asyncio.create_task(source.wait_for_changes(20))
+    await asyncio.sleep(0)
+    await pg.admin.execute(
+        "select pg_terminate_backend(pid) from pg_stat_activity where query ilike 'listen%%' and pid <> pg_backend_pid()"
+    )
+    with pytest.raises(SourceUnavailable):
+        async with asyncio.timeout(10):
+            await waiter
+
+    woken: set[str] = set()
+    async with asyncio.timeout(10):
+        await source.wait_for_changes(0.01)  # listening again
+        for key in itertools.count():
+            await execute(pg, f"insert into {{s}}.items values ({key}, 1, 'again')")
+            woken = await source.wait_for_changes(1)
+            if info.table in woken:
+                break
+
+
+# -- errors ----------------------------------------------------------------------
+
+
+async def test_connect_failure_is_connect_error_without_the_password() -> None:
+    dsn = f"postgresql://someone:s3cretpass@127.0.0.1:{free_port()}/nothing"
+    source = make_source(SourceConfig(kind="postgres", dsn=dsn, connect_timeout=2))
+    with pytest.raises(ConnectError) as raised:
+        await source.connect()
+    assert raised.value.exit_code == 3
+    assert "s3cretpass" not in str(raised.value) and "127.0.0.1" in str(raised.value)
+
+
+async def test_a_lost_reader_is_source_unavailable_then_reconnects(pg: PostgresHarness) -> None:
+    info, source = await tracked(pg)
+    since = await source.current_version()
+    await execute(pg, "insert into {s}.items select i, i, 'x' from generate_series(1, 30) i")
+    first = await source.read_changes(info, since, limit=10)
+    assert first.more and first.cursor is not None
+    await terminate_reader(pg)
+
+    with pytest.raises(SourceUnavailable):
+        await source.read_changes(info, since, limit=10, upto=first.next_version, after=first.cursor)
+
+    rows, page = list(first.rows), first
+    while page.more:  # the held rest died with the session: the read goes on from the cursor
+        assert page.cursor is not None
+        page = await source.read_changes(info, since, limit=10, upto=page.next_version, after=page.cursor)
+        rows += page.rows
+    assert sorted(r.key["id"] for r in rows) == list(range(1, 31))
+
+
+async def terminate_reader(pg: PostgresHarness) -> None:
+    reader = pg.pg_source._reader
+    assert reader is not None
+    await pg.admin.execute("select pg_terminate_backend(%s)", [reader.info.backend_pid])
+
+
+async def test_a_query_timeout_is_source_unavailable(pg: PostgresHarness) -> None:
+    info, _ = await tracked(pg)
+    ts = pg.tracking_schema
+    source = PostgresSource(SourceConfig(kind="postgres", dsn=pg.dsn, tracking_schema=ts, query_timeout=0.2))
+    await source.connect()
+    try:
+        since = await source.current_version()
+        blocker = await pg.begin()
+        assert isinstance(blocker, PostgresWriter)
+        await blocker.conn.execute(sql.SQL("lock table {}.items").format(sql.Identifier(pg.schema)))
+        with pytest.raises(SourceUnavailable, match="statement timeout"):
+            await source.read_changes(info, since, limit=10)
+        await blocker.rollback()
+        assert (await source.read_changes(info, since, limit=10)).rows == []
+    finally:
+        await source.close()
+
+
+# -- status, doctor, snapshot ----------------------------------------------------
+
+
+async def test_status_and_doctor_report_a_disabled_trigger(pg: PostgresHarness) -> None:
+    await tracked(pg)
+    plain = await pg.create_table("plain", ITEMS, ["id"], track=False)
+    capture = trigger_names(pg.tracking_schema)[0]
+    await pg.admin.execute(
+        sql.SQL("alter table {}.items disable trigger {}").format(
+            sql.Identifier(pg.schema), sql.Identifier(capture)
+        )
+    )
+    items = table_config(pg.schema, "items")
+
+    status = (await pg.source.tracking_status([items]))[0]
+    findings = await pg.source.doctor([items, plain])
+
+    assert not status.enabled and f"trigger {capture} is disabled" in status.detail
+    by_subject = {(f.subject, f.level) for f in findings}
+    assert (items.table, "error") in by_subject and (plain.table, "error") in by_subject
+    assert ("source", "ok") in by_subject
+
+
+async def test_snapshot_of_an_empty_table_still_gives_its_version(pg: PostgresHarness) -> None:
+    info, source = await tracked(pg)
+    pages = [page async for page in source.snapshot(info, page_size=5)]
+    assert [(p.rows, p.total) for p in pages] == [([], 0)]
+    assert pages[0].version <= await source.current_version()
+
+
+async def test_a_snapshot_below_the_start_of_tracking_waits_for_older_transactions(
+    pg: PostgresHarness,
+) -> None:
+    table = await pg.create_table("fresh", ITEMS, ["id"], track=False)
+    older = await pg.begin()
+    await older.take_version()
+    await pg.source.tracking_enable([table])  # tracked from a later transaction id
+    info = await pg.source.describe(table)
+
+    with pytest.raises(SourceUnavailable, match="waiting for older transactions"):
+        [page async for page in pg.source.snapshot(info, page_size=10)]
+    await older.rollback()
+    await pg.settle()
+
+    replica = await Replica.from_snapshot(pg.source, info)
+    assert await replica.catch_up() == []
