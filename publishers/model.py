@@ -23,6 +23,7 @@ class Change:
     version: int  # source version: applied only if above the document's @v
     values: dict[str, bytes] | None  # column -> JSON text; None for a delete
     reset: bool = False  # snapshot after the source went back in time: skip the version check
+    fence: int = 0  # fencing token of the table's lease; 0: not fenced
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class ApplyResult:
     published: int = 0  # of those, the ones that changed something visible
     stale: int = 0  # dropped: version at or below the document's @v (replays)
     rejected: list[Rejected] = field(default_factory=list)  # sent to the dead letter
+    fenced: list[Change] = field(default_factory=list)  # not applied: their lease was taken over
     seqs: dict[str, int] = field(default_factory=dict)  # partition -> @seq after the batch
 
 

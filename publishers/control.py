@@ -1,0 +1,107 @@
+"""Operational state in Redis beside the data: workers' heartbeats, snapshot
+requests and progress (fields of the checkpoint hash), and what ``cdc
+doctor`` checks on the Redis side.
+
+Checkpoint hash fields besides DESIGN.md's ``version``/``updated_at``/``state``:
+``snapshot_requested`` (set by ``cdc snapshot`` for the owning sidecar to act
+on), ``snapshot_rows`` and ``snapshot_total`` (progress of a running snapshot).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from cdc.sources.base import Finding
+from publishers.manager import DataManager
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def workers(manager: DataManager) -> list[dict[str, str]]:
+    """Every live worker's heartbeat, with its id and the heartbeat's age."""
+    pattern = manager.layout.worker("*")
+    out = []
+    async for key in manager.client.scan_iter(match=pattern, count=1000):
+        fields = {_text(k): _text(v) for k, v in (await manager.client.hgetall(key)).items()}
+        if not fields:
+            continue
+        fields["id"] = _text(key)[len(pattern) - 1 :]
+        beat = fields.get("heartbeat_at")
+        fields["age"] = f"{time.time() - float(beat):.1f}" if beat else ""
+        out.append(fields)
+    return sorted(out, key=lambda w: w["id"])
+
+
+async def remove_heartbeat(manager: DataManager, worker_id: str) -> None:
+    """A worker that stops cleanly says so at once instead of letting its heartbeat expire."""
+    await manager.client.delete(manager.layout.worker(worker_id))
+
+
+async def worker_alive(manager: DataManager, worker_id: str) -> bool:
+    return bool(await manager.client.exists(manager.layout.worker(worker_id)))
+
+
+async def table_owners(manager: DataManager, tables: list[str]) -> dict[str, str]:
+    """table -> id of the sidecar holding its lease (tables nobody holds are absent)."""
+    owners: dict[str, str] = {}
+    for table in tables:
+        holder = await manager.client.get(manager.layout.lease(table))
+        if holder is not None:
+            owners[table] = _text(holder)
+    return owners
+
+
+async def request_snapshot(manager: DataManager, table: str) -> None:
+    await manager.client.hset(manager.layout.checkpoint(table), "snapshot_requested", str(time.time()))
+
+
+async def snapshot_requested(manager: DataManager, table: str) -> bool:
+    return bool(await manager.client.hexists(manager.layout.checkpoint(table), "snapshot_requested"))
+
+
+async def clear_snapshot_request(manager: DataManager, table: str) -> None:
+    await manager.client.hdel(manager.layout.checkpoint(table), "snapshot_requested")
+
+
+async def set_snapshot_progress(manager: DataManager, table: str, rows: int, total: int | None) -> None:
+    mapping = {"snapshot_rows": str(rows), "snapshot_total": "" if total is None else str(total)}
+    await manager.client.hset(manager.layout.checkpoint(table), mapping=mapping)  # type: ignore[arg-type]
+
+
+async def snapshot_progress(manager: DataManager, table: str) -> dict[str, str] | None:
+    raw = await manager.client.hmget(
+        manager.layout.checkpoint(table), ["state", "snapshot_rows", "snapshot_total"]
+    )
+    state, rows, total = (None if v is None else _text(v) for v in raw)
+    if state != "snapshotting" or rows is None:
+        return None
+    return {"rows": rows, "total": total or "?"}
+
+
+async def doctor(manager: DataManager) -> list[Finding]:
+    """What will go wrong on the Redis side: eviction, memory, version."""
+    findings = []
+    info = await manager.client.info("server")
+    version = _text(info.get("redis_version", "?")) if isinstance(info, dict) else "?"
+    findings.append(Finding("ok", "redis", f"Redis {version} reachable"))
+    policy = await manager.client.config_get("maxmemory-policy")
+    value = _text(next(iter(policy.values()), "noeviction")) if policy else "noeviction"
+    if value != "noeviction":
+        findings.append(
+            Finding(
+                "warning",
+                "redis maxmemory-policy",
+                f"is {value}: Redis may evict documents, seq counters or checkpoints silently; "
+                "set maxmemory-policy noeviction",
+            )
+        )
+    else:
+        findings.append(Finding("ok", "redis maxmemory-policy", "noeviction"))
+    memory = await manager.client.info("memory")
+    used, limit = int(memory.get("used_memory", 0)), int(memory.get("maxmemory", 0))
+    if limit and used > 0.9 * limit:
+        findings.append(Finding("warning", "redis memory", f"{used} of maxmemory {limit} bytes used (>90%)"))
+    return findings

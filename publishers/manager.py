@@ -1,0 +1,681 @@
+"""The Redis distributed data manager: applies batches of changes, keeps
+checkpoints, the dead letter and heartbeats.
+
+``DataManager.apply`` groups a batch by partition (keeping each partition's
+order), splits every partition into calls of at most ``max_changes_per_call``
+changes (Redis serves nobody else while a script runs), and sends one
+``apply.lua`` call per chunk: every first chunk of every partition in one
+pipelined round trip (a cluster pipeline fans out to the nodes concurrently),
+then every second chunk, and so on, so a partition's chunks run in order.
+
+Failures are sorted three ways:
+
+- transient (link down, loading, failover, OOM): ``RedisUnavailable`` is raised
+  and the daemon retries the whole batch; replays are harmless by the apply
+  rule (a change at or below a document's ``@v`` is dropped);
+- a damaged shared key (``CDCLAYOUT`` from the script, ``NOPERM``): ``CdcError``,
+  retrying cannot help;
+- anything else is a content failure (e.g. ``WRONGTYPE``: someone wrote a
+  string at a document key): the chunk is bisected, in order, until the
+  poison change(s) are isolated; each goes to the dead letter with the Redis
+  error as its reason, and the rest of the chunk is applied.
+
+Changes that cannot be sent at all (oversized rows, reserved column names,
+empty partition values, negative versions) go to the dead letter without a
+Redis call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import cached_property, lru_cache
+from importlib import resources
+from typing import Any, Literal
+
+import orjson
+from redis import exceptions as rex
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import ConnectionPool
+from redis.typing import EncodableT, FieldT
+
+from cdc.config import RedisConfig
+from cdc.errors import CdcError, LeaseLost
+from publishers import connection
+from publishers.connection import RedisClient
+from publishers.layout import Layout
+from publishers.model import ApplyResult, Change, Checkpoint, Rejected
+
+MAX_CHANGES_PER_CALL = 1000
+MAX_CALL_BYTES = 8 << 20  # values per script call: bounds the time Redis is busy
+MAX_ROW_BYTES = 1 << 20
+DEAD_LETTER_MAX_LEN = 100_000
+_SCAN_COUNT = 1000
+_KNOWN_PAIRS_LIMIT = 100_000
+# The checkpoint hash keeps the highest fencing token that wrote it (field
+# "fence"); a lower token is refused. Tokens are decimal strings compared by
+# length then bytes, like versions (no tonumber).
+_FENCED_CHECKPOINT = """
+local seen = redis.call('HGET', KEYS[1], 'fence') or '0'
+local mine = ARGV[4]
+if #seen > #mine or (#seen == #mine and seen > mine) then
+  return redis.error_reply('FENCED checkpoint token ' .. mine .. ' is below ' .. seen)
+end
+redis.call('HSET', KEYS[1], 'version', ARGV[1], 'updated_at', ARGV[2], 'state', ARGV[3], 'fence', mine)
+return 1
+"""
+
+Reply = Any  # a decoded Redis reply, or the exception a pipeline slot raised
+
+
+def apply_script() -> bytes:
+    """The text of ``apply.lua``, shipped as package data."""
+    return resources.files("publishers").joinpath("apply.lua").read_bytes()
+
+
+@lru_cache(maxsize=4096)
+def _column_args(column: str) -> tuple[bytes, bytes, bytes]:
+    """Hash field, JSON name and JSON RFC 6901 path of a column, so that the
+    script never escapes JSON or JSON Pointer itself."""
+    pointer = "/" + column.replace("~", "~0").replace("/", "~1")
+    return column.encode(), orjson.dumps(column), orjson.dumps(pointer)
+
+
+@lru_cache(maxsize=1024)
+def _names_check(names: tuple[str, ...]) -> tuple[str | None, int]:
+    """(problem with a row's column names or None, their size in bytes)."""
+    reserved = [name for name in names if name.startswith("@")]
+    problem = f"reserved column name(s): {', '.join(reserved)}" if reserved else None
+    return problem, sum(len(name) for name in names)
+
+
+def timestamp(now: datetime | None = None) -> str:
+    """ISO 8601 UTC with microseconds and ``Z``, as messages carry it (naive = UTC)."""
+    moment = now or datetime.now(UTC)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass
+class _Call:
+    """One ``apply.lua`` call: a chunk of one partition's changes. Its KEYS
+    and ARGV are built on first use, so that a call can be built while Redis
+    runs the one sent before it."""
+
+    layout: Layout
+    header: tuple[Any, ...]
+    partition: str
+    changes: list[Change]
+
+    @cached_property
+    def command(self) -> tuple[list[Any], list[Any]]:
+        builder = _CallBuilder(self.layout, self.partition)
+        for change in self.changes:
+            builder.add(change)
+        return builder.keys_and_args(self.header)
+
+
+class _CallBuilder:
+    """KEYS and ARGV of one call, laid out as apply.lua's header describes.
+
+    Columns are sent once per call and rows refer to a *shape* (their column
+    list), so a row costs one argument per value plus six, not three per column.
+    """
+
+    def __init__(self, layout: Layout, partition: str) -> None:
+        self.layout, self.partition = layout, partition
+        self.prefix = layout.prefix(partition)
+        self.groups: dict[tuple[str, str], int] = {}
+        self.doc_prefixes: dict[int, str] = {}
+        self.group_args: list[Any] = []
+        self.index_keys: list[str] = []
+        self.columns: dict[str, int] = {}
+        self.column_args: list[Any] = []
+        self.shapes: dict[tuple[str, ...], int] = {}
+        self.shape_args: list[Any] = []
+        self.doc_keys: list[str] = []
+        self.change_args: list[Any] = []
+
+    def add(self, change: Change) -> None:
+        """Append one change (the hot path: a few dict lookups and one extend)."""
+        group = self.groups.get((change.section, change.table)) or self._group(change)
+        self.doc_keys.append(self.doc_prefixes[group] + change.key)
+        values = change.values
+        reset = b"1" if change.reset else b"0"
+        if change.op == "D" or values is None:
+            self.change_args += (group, orjson.dumps(change.key), "D", str(change.version), reset, 0)
+            return
+        names = tuple(values)
+        shape = self.shapes.get(names) or self._shape(names)
+        self.change_args += (group, orjson.dumps(change.key), change.op, str(change.version), reset, shape)
+        self.change_args += values.values()
+
+    def _group(self, change: Change) -> int:
+        doc_prefix = f"{self.prefix}{change.section}:"
+        group = self.groups[(change.section, change.table)] = len(self.groups) + 1
+        self.doc_prefixes[group] = doc_prefix
+        self.index_keys.append(self.layout.index(self.partition, change.section))
+        self.group_args += (orjson.dumps(change.section), orjson.dumps(change.table))
+        self.group_args += (self.layout.channel(self.partition, change.section), len(doc_prefix.encode()))
+        self.group_args.append(str(change.fence))
+        return group
+
+    def _shape(self, names: tuple[str, ...]) -> int:
+        indexes = []
+        for name in names:
+            if name not in self.columns:
+                self.columns[name] = len(self.columns) + 1
+                self.column_args.extend(_column_args(name))
+            indexes.append(self.columns[name])
+        self.shapes[names] = len(self.shapes) + 1
+        self.shape_args += (len(indexes), *indexes)
+        return len(self.shapes)
+
+    def keys_and_args(self, header: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+        keys = [
+            self.layout.seq(self.partition),
+            self.layout.stream(self.partition),
+            self.layout.fence(self.partition),
+        ]
+        keys += self.index_keys + self.doc_keys
+        args = [orjson.dumps(self.partition), *header, len(self.groups), len(self.columns), len(self.shapes)]
+        args += self.group_args + self.column_args + self.shape_args + self.change_args
+        return keys, args
+
+
+class DataManager:
+    """The Redis side of cdc-sync. Build with ``await DataManager.connect(config)``."""
+
+    def __init__(
+        self,
+        client: RedisClient,
+        config: RedisConfig,
+        *,
+        max_row_bytes: int = MAX_ROW_BYTES,
+        max_changes_per_call: int = MAX_CHANGES_PER_CALL,
+        owns_client: bool = False,
+    ) -> None:
+        self.client = client
+        self.config = config
+        self.layout = Layout(config.namespace)
+        self.max_row_bytes = max_row_bytes
+        self.max_changes_per_call = max(1, max_changes_per_call)
+        self._owns_client = owns_client
+        self._script = apply_script()
+        self._sha = hashlib.sha1(self._script).hexdigest()  # Redis names scripts by SHA-1
+        self._known_pairs: set[tuple[str, str]] = set()
+        self._header = (
+            str(config.stream_max_len),
+            str(max(1, round(config.tombstone_ttl * 1000))),
+            "SPUBLISH" if config.cluster else "PUBLISH",
+        )
+
+    @classmethod
+    async def connect(
+        cls, config: RedisConfig, *, client: RedisClient | None = None, **options: Any
+    ) -> DataManager:
+        """Connect (``ConnectError`` if Redis does not answer) and load the script.
+
+        Pass ``client`` to use an existing client (tests); it is not closed by ``close()``.
+        """
+        owns = client is None
+        client = client or await connection.connect(config)
+        manager = cls(client, config, owns_client=owns, **options)
+        try:
+            await manager._load_script()
+        except CdcError:
+            if owns:
+                await connection.close_client(client)
+            raise
+        return manager
+
+    async def close(self) -> None:
+        if self._owns_client:
+            await connection.close_client(self.client)
+
+    async def __aenter__(self) -> DataManager:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- applying -------------------------------------------------------------
+
+    async def apply(self, changes: Sequence[Change], *, now: datetime | None = None) -> ApplyResult:
+        """Apply a batch: per partition in order, atomically per call.
+
+        Raises ``RedisUnavailable`` on transient failures (retry the batch).
+        """
+        result = ApplyResult()
+        by_partition: dict[str, list[tuple[Change, int]]] = {}
+        for change in changes:
+            problem, size = self._admit(change)
+            if problem is not None:
+                await self._reject(change, problem, result)
+            else:
+                by_partition.setdefault(change.partition, []).append((change, size))
+        if not by_partition:
+            return result
+        await self._register_partitions(by_partition)
+        header: tuple[Any, ...] = (timestamp(now), *self._header)
+        chunked = [self._chunks(partition, sized) for partition, sized in by_partition.items()]
+        for round_ in itertools.zip_longest(*chunked):
+            calls = [_Call(self.layout, header, *chunk) for chunk in round_ if chunk is not None]
+            await self._run_round(calls, header, result)
+        return result
+
+    def _admit(self, change: Change) -> tuple[str | None, int]:
+        """Why ``change`` cannot be sent to Redis at all (or None), and its size
+        in bytes. Checks that only depend on the column names are cached per
+        column list, so a row costs one C-level pass over its values."""
+        if not change.partition:
+            return "empty partition value", 0
+        if not change.key:
+            return "empty data key", 0
+        if change.version < 0:
+            return f"negative version {change.version}", 0
+        values = change.values
+        if change.op == "D" or values is None:
+            return (None if change.op == "D" else f"op {change.op} without values"), 0
+        problem, names_size = _names_check(tuple(values))
+        size = names_size + sum(map(len, values.values()))
+        if problem is None and size > self.max_row_bytes:
+            problem = f"row of {size} bytes exceeds max_row_bytes ({self.max_row_bytes})"
+        return problem, size
+
+    def _chunks(self, partition: str, sized: list[tuple[Change, int]]) -> list[tuple[str, list[Change]]]:
+        """Split one partition's changes into calls bounded by count and bytes."""
+        chunks: list[tuple[str, list[Change]]] = []
+        current: list[Change] = []
+        total = 0
+        for change, size in sized:
+            if current and (len(current) >= self.max_changes_per_call or total + size > MAX_CALL_BYTES):
+                chunks.append((partition, current))
+                current, total = [], 0
+            current.append(change)
+            total += size
+        chunks.append((partition, current))
+        return chunks
+
+    async def _register_partitions(self, by_partition: Mapping[str, list[tuple[Change, int]]]) -> None:
+        """Record every (section, partition) pair in ``ns:@partitions:section``
+        *before* the documents are written, so that a sweep or a subscriber
+        that lists a section's partitions never misses a written one."""
+        missing: dict[str, set[str]] = {}
+        for partition, sized in by_partition.items():
+            for change, _ in sized:
+                if (change.section, partition) not in self._known_pairs:
+                    missing.setdefault(change.section, set()).add(partition)
+        if not missing:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for section, partitions in missing.items():
+            pipe.sadd(self.layout.partitions(section), *sorted(partitions))
+        await self._execute_pipeline(pipe)
+        if len(self._known_pairs) > _KNOWN_PAIRS_LIMIT:
+            self._known_pairs.clear()
+        self._known_pairs.update((s, p) for s, ps in missing.items() for p in ps)
+
+    async def _run_round(self, calls: list[_Call], header: Sequence[Any], result: ApplyResult) -> None:
+        replies = await self._evalsha(calls)
+        failed: list[tuple[_Call, BaseException]] = []
+        for call, reply in zip(calls, replies, strict=True):
+            if _is_fenced(reply):
+                result.fenced.extend(call.changes)  # nothing written: another sidecar owns the table
+            elif isinstance(reply, BaseException):
+                failed.append((call, reply))
+            else:
+                self._count(call, reply, result)
+        for call, error in failed:
+            await self._isolate(call.partition, call.changes, header, result, error)
+
+    async def _isolate(
+        self,
+        partition: str,
+        changes: list[Change],
+        header: Sequence[Any],
+        result: ApplyResult,
+        error: BaseException,
+    ) -> None:
+        """Bisect a failed chunk, halves in order, down to the poison change(s).
+
+        Changes before the poison may have been applied by the failed call;
+        re-sending them is harmless (they are stale now), but they are then
+        counted as stale rather than applied.
+        """
+        if len(changes) == 1:
+            await self._reject(changes[0], redis_message(error), result)
+            return
+        middle = len(changes) // 2
+        for half in (changes[:middle], changes[middle:]):
+            call = _Call(self.layout, tuple(header), partition, half)
+            reply = (await self._evalsha([call]))[0]
+            if _is_fenced(reply):
+                result.fenced.extend(half)
+            elif isinstance(reply, BaseException):
+                await self._isolate(partition, half, header, result, reply)
+            else:
+                self._count(call, reply, result)
+
+    @staticmethod
+    def _count(call: _Call, reply: Reply, result: ApplyResult) -> None:
+        statuses, seq = reply
+        statuses = statuses.encode() if isinstance(statuses, str) else bytes(statuses)
+        published, applied = statuses.count(b"p"), statuses.count(b"a")
+        result.published += published
+        result.applied += published + applied
+        result.stale += statuses.count(b"s")
+        result.seqs[call.partition] = int(seq)
+
+    async def _evalsha(self, calls: list[_Call]) -> list[Reply]:
+        """Send the calls in one round trip; re-load the script on NOSCRIPT
+        (a restarted or failed-over server). Raises on every failure that is
+        not a content failure; returns those in the call's slot."""
+        replies = await self._send(calls)
+        if any(isinstance(r, rex.NoScriptError) for r in replies):
+            await self._load_script()
+            again = [i for i, r in enumerate(replies) if isinstance(r, rex.NoScriptError)]
+            for i, reply in zip(again, await self._send([calls[i] for i in again]), strict=True):
+                replies[i] = reply
+        for reply in replies:
+            if isinstance(reply, BaseException) and not _is_content_error(reply):
+                raise _fatal(reply, self.config.url)
+        return replies
+
+    async def _send(self, calls: list[_Call]) -> list[Reply]:
+        """One round trip. On a single server the calls go down one connection,
+        each sent as soon as it is built (Redis runs one while the next is
+        built); a cluster (whose pipelines refuse EVALSHA) gets concurrent
+        calls, each routed to its node."""
+        if isinstance(self.client, RedisCluster):
+            replies = await asyncio.gather(*(self._send_one(call) for call in calls), return_exceptions=True)
+            for reply in replies:
+                if isinstance(reply, CdcError):
+                    raise reply
+            return list(replies)
+        try:
+            return await connection.finish(self._stream(self.client.connection_pool, calls))
+        except (rex.RedisError, OSError) as exc:
+            raise connection.translate(exc, self.config.url) from None
+
+    async def _stream(self, pool: ConnectionPool, calls: list[_Call]) -> list[Reply]:
+        """Pipeline the calls on one pooled connection; error replies come back
+        in their slot (a connection failure discards the connection)."""
+        conn = await pool.get_connection()  # type: ignore[no-untyped-call]
+        try:
+            for call in calls:
+                keys, args = call.command
+                await conn.send_command("EVALSHA", self._sha, len(keys), *keys, *args)
+            replies: list[Reply] = []
+            for _ in calls:
+                try:
+                    replies.append(await conn.read_response())
+                except rex.ResponseError as exc:
+                    replies.append(exc)
+            return replies
+        except BaseException:
+            await conn.disconnect()
+            raise
+        finally:
+            await pool.release(conn)
+
+    async def _send_one(self, call: _Call) -> Reply:
+        """The reply, or the ResponseError a content failure raised."""
+        keys, args = call.command
+        try:
+            return await connection.finish(self.client.evalsha(self._sha, len(keys), *keys, *args))
+        except (rex.ResponseError, rex.ClusterError) as exc:
+            return exc
+        except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
+            raise connection.translate(exc, self.config.url) from None
+
+    async def _execute_pipeline(self, pipe: Any, *, raise_on_error: bool = True) -> list[Reply]:
+        try:
+            replies: list[Reply] = await connection.finish(pipe.execute(raise_on_error=raise_on_error))
+        except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
+            raise connection.translate(exc, self.config.url) from None
+        return replies
+
+    async def _load_script(self) -> None:
+        """SCRIPT LOAD (on every primary of a cluster)."""
+        try:
+            sha = await connection.finish(self.client.script_load(self._script))
+        except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
+            raise connection.translate(exc, self.config.url) from None
+        sha = sha.decode() if isinstance(sha, bytes) else str(sha)
+        if sha != self._sha:
+            raise CdcError(f"Redis named apply.lua {sha}, expected {self._sha}")
+
+    # -- dead letter ----------------------------------------------------------
+
+    async def _reject(self, change: Change, reason: str, result: ApplyResult) -> None:
+        await self.dead_letter(change, reason, table=change.table)
+        result.rejected.append(Rejected(change, reason))
+
+    async def dead_letter(
+        self,
+        change: Change | None,
+        reason: str,
+        *,
+        table: str,
+        payload: Mapping[str, Any] | None = None,
+        now: datetime | None = None,
+    ) -> None:
+        """Append to ``ns:@deadletter``: table, partition, section, key, op,
+        version, reason, values (JSON object), ts. ``payload`` stands in for
+        the values when there is no Change (e.g. a row that cannot be encoded)."""
+        fields: dict[FieldT, EncodableT] = {
+            "table": table,
+            "partition": change.partition if change else "",
+            "section": change.section if change else "",
+            "key": change.key if change else "",
+            "op": change.op if change else "",
+            "version": str(change.version) if change else "",
+            "reason": reason,
+            "values": self._dead_values(change, payload),
+            "ts": timestamp(now),
+        }
+        try:
+            await connection.finish(
+                self.client.xadd(
+                    self.layout.deadletter(), fields, maxlen=DEAD_LETTER_MAX_LEN, approximate=True
+                )
+            )
+        except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
+            raise connection.translate(exc, self.config.url) from None
+
+    def _dead_values(self, change: Change | None, payload: Mapping[str, Any] | None) -> bytes:
+        """The values as one JSON object (spliced from the encoded columns), or
+        ``null`` when they are absent or larger than ``max_row_bytes``."""
+        if payload is not None:
+            text = orjson.dumps(payload, default=str, option=orjson.OPT_NON_STR_KEYS)
+        elif change is None or change.values is None:
+            return b"null"
+        else:
+            members = (orjson.dumps(name) + b":" + value for name, value in change.values.items())
+            text = b"{" + b",".join(members) + b"}"
+        return text if len(text) <= self.max_row_bytes else b"null"
+
+    async def read_dead_letters(self, count: int = 100) -> list[dict[str, str]]:
+        """The newest ``count`` dead letters, oldest first, each with its ``id``."""
+        entries = await self._call(self.client.xrevrange(self.layout.deadletter(), count=count))
+        out = []
+        for entry_id, fields in reversed(entries):
+            item = {_text(k): _text(v) for k, v in fields.items()}
+            item["id"] = _text(entry_id)
+            out.append(item)
+        return out
+
+    # -- checkpoints and heartbeats ---------------------------------------------
+
+    async def get_checkpoint(self, table: str) -> Checkpoint | None:
+        raw = await self._call(self.client.hgetall(self.layout.checkpoint(table)))
+        if not raw:
+            return None
+        fields = {_text(k): _text(v) for k, v in raw.items()}
+        state: Literal["snapshotting", "streaming"] = (
+            "snapshotting" if fields.get("state") == "snapshotting" else "streaming"
+        )
+        return Checkpoint(table, int(fields["version"]), state, fields.get("updated_at", ""))
+
+    async def set_checkpoint(
+        self,
+        table: str,
+        version: int,
+        state: Literal["snapshotting", "streaming"],
+        *,
+        now: datetime | None = None,
+        fence: int = 0,
+    ) -> None:
+        """Store the table's checkpoint; the version as a decimal string.
+
+        With a ``fence`` token (the lease's), the write is refused with LeaseLost
+        when a newer owner has written the checkpoint: a sidecar paused past its
+        lease cannot move the new owner's checkpoint."""
+        key = self.layout.checkpoint(table)
+        if fence:
+            args = (str(version), timestamp(now), state, str(fence))
+            try:
+                await connection.finish(self.client.eval(_FENCED_CHECKPOINT, 1, key, *args))
+            except rex.ResponseError as exc:
+                if str(exc).startswith("FENCED"):
+                    raise LeaseLost(f"{table}: {exc}") from None
+                raise connection.translate(exc, self.config.url) from None
+            except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
+                raise connection.translate(exc, self.config.url) from None
+            return
+        mapping: dict[FieldT, EncodableT] = {
+            "version": str(version),
+            "updated_at": timestamp(now),
+            "state": state,
+        }
+        await self._call(self.client.hset(key, mapping=mapping))
+
+    async def heartbeat(self, worker_id: str, fields: Mapping[str, Any], ttl: float) -> None:
+        """Replace ``ns:@worker:id`` with ``fields`` and a TTL, atomically."""
+        key = self.layout.worker(worker_id)
+        mapping: dict[FieldT, EncodableT] = {name: _field_value(value) for name, value in fields.items()}
+        pipe = self.client.pipeline(transaction=True)
+        pipe.delete(key)
+        if mapping:
+            pipe.hset(key, mapping=mapping)
+        pipe.pexpire(key, max(1, round(ttl * 1000)))
+        await self._execute_pipeline(pipe)
+
+    # -- reading documents ------------------------------------------------------
+
+    async def document(self, partition: str, section: str, key: str) -> dict[str, Any] | None:
+        """A live document, values decoded; None when absent or deleted."""
+        raw = await self._call(self.client.hgetall(self.layout.document(partition, section, key)))
+        return decode_document(raw)
+
+    async def documents(self, partition: str, section: str) -> dict[str, dict[str, Any]]:
+        """Every live document of a section in a partition (not atomic: for
+        tests and tools; the subscriber loads consistently)."""
+        out: dict[str, dict[str, Any]] = {}
+        async for keys in self._index_batches(partition, section):
+            prefix = self.layout.document_prefix(partition, section)
+            replies = await self._pipelined("hgetall", [prefix + k for k in keys])
+            for key, raw in zip(keys, replies, strict=True):
+                doc = decode_document(raw)
+                if doc is not None:
+                    out[key] = doc
+        return out
+
+    async def partitions(self, section: str) -> set[str]:
+        """The partition values ``section`` has written."""
+        members = await self._call(self.client.smembers(self.layout.partitions(section)))
+        return {_text(m) for m in members}
+
+    async def stale_keys(self, section: str, version: int) -> AsyncIterator[tuple[str, str]]:
+        """(partition, key) of the section's live documents whose ``@v`` is not
+        ``version``: after a re-snapshot at ``version``, those rows are gone
+        from the source and the daemon deletes them."""
+        wanted = str(version).encode()
+        for partition in sorted(await self.partitions(section)):
+            prefix = self.layout.document_prefix(partition, section)
+            async for keys in self._index_batches(partition, section):
+                versions = await self._pipelined("hget", [prefix + key for key in keys], "@v")
+                for key, found in zip(keys, versions, strict=True):
+                    if found is not None and _bytes(found) != wanted:
+                        yield partition, key
+
+    async def _index_batches(self, partition: str, section: str) -> AsyncIterator[list[str]]:
+        """The section's index, SSCAN page by page (never one huge SMEMBERS)."""
+        index = self.layout.index(partition, section)
+        cursor: int = 0
+        while True:
+            cursor, members = await self._call(self.client.sscan(index, cursor, count=_SCAN_COUNT))
+            if members:
+                yield [_text(m) for m in members]
+            if int(cursor) == 0:
+                return
+
+    async def _pipelined(self, method: str, keys: Iterable[str], *args: Any) -> list[Reply]:
+        """``method(key, *args)`` for every key, in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            getattr(pipe, method)(key, *args)
+        return await self._execute_pipeline(pipe)
+
+    async def _call(self, awaitable: Any) -> Any:
+        """Await one command (never abandoned half-way), mapping its errors."""
+        try:
+            return await connection.finish(awaitable)
+        except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
+            raise connection.translate(exc, self.config.url) from None
+
+
+def decode_document(raw: Mapping[Any, Any] | None) -> dict[str, Any] | None:
+    """Column values of a stored hash, JSON-decoded; None for none or a tombstone."""
+    if not raw:
+        return None
+    fields = {_text(k): v for k, v in raw.items()}
+    if "@del" in fields:
+        return None
+    return {name: orjson.loads(value) for name, value in fields.items() if not name.startswith("@")}
+
+
+def redis_message(error: BaseException) -> str:
+    """The Redis error text with its code (redis-py strips known codes)."""
+    text = str(error)
+    code = getattr(error, "status_code", None)
+    return f"{code} {text}" if code and not text.startswith(code) else text
+
+
+def _is_fenced(reply: Any) -> bool:
+    """The script refused a stale lease owner's call (before writing anything)."""
+    return isinstance(reply, rex.ResponseError) and str(reply).startswith("FENCED")
+
+
+def _is_content_error(error: BaseException) -> bool:
+    if not isinstance(error, rex.ResponseError) or connection.is_transient(error):
+        return False
+    if isinstance(error, (rex.NoScriptError, rex.NoPermissionError)):
+        return False
+    return not str(error).startswith("CDCLAYOUT")
+
+
+def _fatal(error: BaseException, url: str) -> CdcError:
+    if str(error).startswith("CDCLAYOUT"):
+        return CdcError(f"Redis layout is damaged: {str(error).removeprefix('CDCLAYOUT ')}")
+    return connection.translate(error, url)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _bytes(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+def _field_value(value: Any) -> EncodableT:
+    if isinstance(value, (bytes, str, int, float)) and not isinstance(value, bool):
+        return value
+    return orjson.dumps(value)

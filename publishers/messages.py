@@ -1,0 +1,60 @@
+"""The change message of DESIGN.md §5, as subscribers receive it.
+
+The apply script writes the message by splicing JSON text; this module is the
+reading side: decoding a stream entry, applying its patch to a document, and
+the JSON Schema (``schemas/change-message.schema.json``) that tests validate
+every published message against.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import orjson
+
+from cdc.errors import CdcError
+
+Message = dict[str, Any]
+Document = dict[str, Any]
+
+
+def decode_message(raw: bytes | str) -> Message:
+    """A message from its JSON text (bigints stay exact Python ints)."""
+    message: Message = orjson.loads(raw)
+    return message
+
+
+def apply_patch(document: Document | None, patch: list[dict[str, Any]]) -> Document | None:
+    """``document`` after ``patch`` (RFC 6902); ``None`` stands for no document.
+
+    Raises ``jsonpatch.JsonPatchException`` / ``jsonpointer.JsonPointerException``
+    when the patch does not fit the document, which means the replica missed
+    something and must be reloaded.
+    """
+    result: Document | None = jsonpatch.apply_patch(document, patch, in_place=True)
+    return result
+
+
+def stream_seq(entry_id: bytes | str) -> int:
+    """The seq of a stream entry id ``<seq>-0``."""
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return int(text.partition("-")[0])
+
+
+@cache
+def message_schema() -> dict[str, Any]:
+    """The change-message JSON Schema, from the installed package or the source tree."""
+    candidates = [
+        resources.files("cdc").joinpath("schemas/change-message.schema.json"),
+        Path(__file__).resolve().parent.parent / "schemas" / "change-message.schema.json",
+    ]
+    for candidate in candidates:
+        if candidate.is_file():
+            schema: dict[str, Any] = json.loads(candidate.read_text(encoding="utf-8"))
+            return schema
+    raise CdcError("change-message.schema.json is missing from the installation")

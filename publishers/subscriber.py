@@ -1,0 +1,394 @@
+"""The subscriber client: a local replica of one partition, kept current from
+the partition's change stream.
+
+How it stays exact (DESIGN.md §5):
+
+1. *Load*: one read-only Lua call returns the partition's ``@seq`` and the
+   documents of its sections (index + hashes) atomically, so the replica is
+   exactly the state at that seq.
+2. *Follow*: ``XREAD BLOCK`` from ``<seq>-0`` (stream ids are ``<seq>-0``);
+   each message's patch is applied to the replica with jsonpatch.
+3. *Gaps*: a message whose seq is not the previous one + 1 means entries are
+   missing from what was read; they are fetched with ``XRANGE``. When they are
+   gone (the subscriber fell off the stream's trimmed end), or a patch does not
+   fit the replica, the documents are loaded again and following continues
+   from the current seq; ``on_reload`` is called and ``reloads`` counts it.
+
+``from_seq`` replays history first: messages from that seq on are yielded,
+and only those newer than the loaded state are applied to the replica.
+``async for message in subscriber`` yields messages as dicts (those of
+``section`` only, when one is given); ``subscriber.replica`` is
+``{section: {key: document}}``. ``BlockingSubscriber`` wraps it for scripts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any
+
+from jsonpatch import JsonPatchException
+from jsonpointer import JsonPointerException
+from redis import exceptions as rex
+
+from cdc.config import RedisConfig
+from cdc.errors import CdcError
+from publishers import connection
+from publishers.connection import RedisClient
+from publishers.layout import Layout
+from publishers.manager import decode_document
+from publishers.messages import Document, Message, apply_patch, decode_message, stream_seq
+
+Replica = dict[str, dict[str, Document]]
+
+# Returns {seq, {key, hash, key, hash, ...} per section}. It reads document
+# keys named by the index, which it cannot declare in advance; they share the
+# partition's {p} hash tag, so on a cluster they live in the slot of KEYS.
+LOAD_SCRIPT = b"""#!lua flags=no-writes
+local out = {redis.call('GET', KEYS[1]) or '0'}
+for s = 2, #KEYS do
+  local members = redis.call('SMEMBERS', KEYS[s])
+  local docs = {}
+  for i = 1, #members do
+    docs[2 * i - 1] = members[i]
+    docs[2 * i] = redis.call('HGETALL', ARGV[s - 1] .. members[i])
+  end
+  out[s] = docs
+end
+return out
+"""
+
+_REDIS_ERRORS = (rex.RedisError, rex.RedisClusterException, OSError)
+_SCAN_COUNT = 10_000
+
+
+class _Inconsistent(Exception):
+    """The replica cannot follow on from what was read: reload it."""
+
+
+class Subscriber:
+    """A replica of ``partition`` (or of one ``section`` of it) and its messages."""
+
+    def __init__(
+        self,
+        source: RedisClient | RedisConfig,
+        namespace: str,
+        partition: str,
+        section: str | None = None,
+        from_seq: int | None = None,
+        *,
+        sections: Sequence[str] | None = None,
+        block: float = 1.0,
+        count: int = 1000,
+        on_reload: Callable[[int], None] | None = None,
+    ) -> None:
+        self._config = source if isinstance(source, RedisConfig) else None
+        self._client = None if isinstance(source, RedisConfig) else source
+        self.layout = Layout(namespace)
+        self.partition = partition
+        self.section = section
+        self.from_seq = from_seq
+        self._fixed_sections = [section] if section else (list(sections) if sections else None)
+        self.block_ms = max(1, round(block * 1000))
+        self.count = count
+        self.on_reload = on_reload
+        self.replica: Replica = {}
+        self.seq = 0  # the seq the replica reflects
+        self.position = 0  # the last seq read from the stream
+        self.reloads = 0
+        self._started = False
+        self._stream = self.layout.stream(partition)
+
+    @property
+    def client(self) -> RedisClient:
+        if self._client is None:
+            raise CdcError("the subscriber is not started (await start() or iterate it)")
+        return self._client
+
+    async def start(self) -> None:
+        """Connect if needed, load the replica, and set the read position."""
+        if self._started:
+            return
+        if self._client is None and self._config is not None:
+            self._client = await connection.connect(self._config)
+        await self._load()
+        self._started = True
+        self.position = self.seq
+        if self.from_seq is not None and self.from_seq <= self.seq:
+            await self._start_from_history(max(1, self.from_seq))
+
+    async def aclose(self) -> None:
+        """Close the client if the subscriber made it from a config."""
+        if self._config is not None and self._client is not None:
+            await connection.close_client(self._client)
+            self._client = None
+
+    async def __aenter__(self) -> Subscriber:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> AsyncIterator[Message]:
+        return self.messages()
+
+    async def messages(self) -> AsyncIterator[Message]:
+        """Every message from the start position on, forever."""
+        await self.start()
+        while True:
+            for message in await self.poll():
+                yield message
+
+    async def poll(self, block: float | None = None) -> list[Message]:
+        """Read what the stream has after the position (waiting up to
+        ``block`` seconds for something), update the replica, and return the
+        messages to deliver."""
+        await self.start()
+        block_ms = self.block_ms if block is None else max(1, round(block * 1000))
+        reply = await self._redis(
+            self.client.xread({self._stream: f"{self.position}-0"}, count=self.count, block=block_ms),
+            grace=block_ms / 1000 + connection.SOCKET_TIMEOUT,
+        )
+        return await self._take_all(_entries(reply))
+
+    # -- following ---------------------------------------------------------
+
+    async def _take_all(self, entries: list[tuple[int, bytes]]) -> list[Message]:
+        """Take entries in seq order, filling gaps; when a gap cannot be filled,
+        reload and deliver what was taken before it."""
+        out: list[Message] = []
+        for seq, raw in entries:
+            if seq <= self.position:
+                continue
+            if seq != self.position + 1:
+                try:
+                    missing = await self._fill(self.position + 1, seq - 1)
+                except _Inconsistent:
+                    await self._reload(fell_off=True)
+                    return out
+                for entry in missing:
+                    out += await self._take(*entry)
+            out += await self._take(seq, raw)
+        return out
+
+    async def _fill(self, first: int, last: int) -> list[tuple[int, bytes]]:
+        """The entries first..last from the stream, or _Inconsistent if any is gone."""
+        reply = await self._redis(self.client.xrange(self._stream, f"{first}-0", f"{last}-0"))
+        entries = [(stream_seq(i), _field(f)) for i, f in reply]
+        if [seq for seq, _ in entries] != list(range(first, last + 1)):
+            raise _Inconsistent(f"stream entries {first}..{last} are gone")
+        return entries
+
+    async def _take(self, seq: int, raw: bytes) -> list[Message]:
+        """Apply one message (if newer than the replica) and say whether to deliver it."""
+        message = decode_message(raw)
+        self.position = seq
+        section = message.get("section")
+        if seq > self.seq:
+            self.seq = seq
+            if self.section is None or section == self.section:
+                try:
+                    self._apply(message["section"], message["key"], decode_message(raw)["patch"])
+                except (JsonPatchException, JsonPointerException):
+                    await self._reload(fell_off=False)
+        wanted = self.section is None or section == self.section
+        return [message] if wanted and (self.from_seq is None or seq >= self.from_seq) else []
+
+    def _apply(self, section: str, key: str, patch: list[dict[str, Any]]) -> None:
+        """Patch one replica document (with its own decoded copy of the patch,
+        so that the message handed out never shares objects with the replica)."""
+        docs = self.replica.setdefault(section, {})
+        document = apply_patch(docs.get(key), patch)
+        if document is None:
+            docs.pop(key, None)
+        else:
+            docs[key] = document
+
+    async def _start_from_history(self, from_seq: int) -> None:
+        """Read from ``from_seq`` if the stream still holds it; else say so."""
+        first = await self._redis(self.client.xrange(self._stream, f"{from_seq}-0", "+", count=1))
+        if first and stream_seq(first[0][0]) == from_seq:
+            self.position = from_seq - 1
+        else:
+            self.reloads += 1
+            if self.on_reload is not None:
+                self.on_reload(self.seq)
+
+    # -- loading -----------------------------------------------------------
+
+    async def _reload(self, *, fell_off: bool) -> None:
+        """Load the documents again. After a gap the lost messages are skipped
+        (position = the new seq); after a patch that did not fit, reading goes
+        on from where it was, delivering without applying up to the new seq."""
+        await self._load()
+        if fell_off or self.position > self.seq:
+            self.position = self.seq
+        self.reloads += 1
+        if self.on_reload is not None:
+            self.on_reload(self.seq)
+
+    async def _load(self) -> None:
+        """Seq and documents in one atomic read. Without a fixed section list
+        the sections are those whose ``ns:@partitions:section`` names this
+        partition; that set only grows and is written before any document, so
+        when it is the same after the load, no section was missed."""
+        sections = self._fixed_sections or await self._sections()
+        for _ in range(10):
+            seq, replica = await self._load_sections(sections)
+            if self._fixed_sections:
+                break
+            latest = await self._sections()
+            if set(latest) <= set(sections):
+                break
+            sections = latest
+        self.seq, self.replica = seq, replica
+
+    async def _load_sections(self, sections: Sequence[str]) -> tuple[int, Replica]:
+        p = self.partition
+        keys = [self.layout.seq(p), *(self.layout.index(p, s) for s in sections)]
+        args = [self.layout.document_prefix(p, s) for s in sections]
+        reply = await self._redis(self.client.eval(LOAD_SCRIPT, len(keys), *keys, *args))  # type: ignore[arg-type]
+        replica: Replica = {}
+        for section, flat in zip(sections, reply[1:], strict=True):
+            docs = replica.setdefault(section, {})
+            for i in range(0, len(flat), 2):
+                document = decode_document(_pairs(flat[i + 1]))
+                if document is not None:
+                    docs[_text(flat[i])] = document
+        return int(reply[0]), replica
+
+    async def _sections(self) -> list[str]:
+        """Sections that have written this partition."""
+        pattern = self.layout.partitions_pattern()
+        keys = [_text(k) async for k in self.client.scan_iter(match=pattern, count=_SCAN_COUNT)]
+        if not keys:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.sismember(key, self.partition)
+        members = await self._redis(pipe.execute())
+        prefix_len = len(pattern) - 1
+        return sorted(key[prefix_len:] for key, member in zip(keys, members, strict=True) if member)
+
+    async def _redis(self, awaitable: Any, grace: float = connection.SOCKET_TIMEOUT) -> Any:
+        """Await a command (never abandoned half-way: ``connection.finish``), mapping errors."""
+        try:
+            return await connection.finish(awaitable, grace)
+        except _REDIS_ERRORS as exc:
+            url = self._config.url if self._config else ""
+            raise connection.translate(exc, url) from None
+
+
+class BlockingSubscriber:
+    """``Subscriber`` on its own thread and event loop, for scripts::
+
+    with BlockingSubscriber(config, "app1") as sub:
+        for message in sub:
+            print(message, sub.replica())
+    """
+
+    def __init__(
+        self,
+        config: RedisConfig,
+        partition: str,
+        section: str | None = None,
+        from_seq: int | None = None,
+        *,
+        namespace: str | None = None,
+        block: float = 1.0,
+        start_timeout: float = 30.0,
+    ) -> None:
+        self._queue: queue.Queue[Message | BaseException | None] = queue.Queue()
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.subscriber = Subscriber(
+            config, namespace or config.namespace, partition, section, from_seq, block=block
+        )
+        self._thread = threading.Thread(
+            target=self._loop.run_until_complete, args=(self._main(),), daemon=True
+        )
+        self._thread.start()
+        if not self._ready.wait(start_timeout):
+            self.close()
+            raise CdcError(f"the subscriber did not start within {start_timeout:.0f}s")
+        if not self._queue.empty():
+            failure = self._queue.queue[0]
+            if isinstance(failure, BaseException):
+                self.close()
+                raise failure
+
+    async def _main(self) -> None:
+        self._task = asyncio.current_task()
+        try:
+            await self.subscriber.start()
+            self._ready.set()
+            async for message in self.subscriber:
+                self._queue.put(message)
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:  # handed to the reading thread
+            self._queue.put(exc)
+        finally:
+            self._ready.set()
+            self._queue.put(None)
+            await self.subscriber.aclose()
+
+    def get(self, timeout: float | None = None) -> Message | None:
+        """The next message, or None after ``timeout`` seconds or once closed."""
+        try:
+            item = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def __iter__(self) -> Iterator[Message]:
+        while (message := self.get()) is not None:
+            yield message
+
+    def replica(self) -> Replica:
+        """A copy of the replica, taken on the subscriber's loop."""
+
+        async def snapshot() -> Replica:
+            return copy.deepcopy(self.subscriber.replica)
+
+        return asyncio.run_coroutine_threadsafe(snapshot(), self._loop).result()
+
+    def close(self) -> None:
+        if self._task is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._task.cancel)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> BlockingSubscriber:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _entries(reply: Any) -> list[tuple[int, bytes]]:
+    """XREAD's reply for our one stream as (seq, message text) pairs."""
+    if not reply:
+        return []
+    items = next(iter(reply.values()))[0] if isinstance(reply, dict) else reply[0][1]  # RESP3 / RESP2
+    return [(stream_seq(entry_id), _field(fields)) for entry_id, fields in items]
+
+
+def _field(fields: Any) -> bytes:
+    value = fields.get(b"m") if b"m" in fields else fields.get("m")
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+def _pairs(flat: Any) -> dict[Any, Any]:
+    return dict(zip(flat[::2], flat[1::2], strict=True)) if isinstance(flat, list) else dict(flat)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

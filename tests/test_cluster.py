@@ -1,0 +1,88 @@
+"""What only a Redis Cluster shows: a partition's keys share one slot (so one
+script call may touch them all), a batch fans out to every master, a script
+flushed on one node is re-loaded, and messages go out with SPUBLISH."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import orjson
+import pytest
+from redis.asyncio.cluster import RedisCluster
+
+from cdc.config import RedisConfig
+from publishers.manager import DataManager
+from publishers.model import Change
+
+pytestmark = pytest.mark.cluster
+
+
+def change(partition: str, section: str, key: str, version: int, *, delete: bool = False) -> Change:
+    values = None if delete else {"Id": orjson.dumps(int(key)), "Name": orjson.dumps(f"n{key}")}
+    return Change(f"dbo.{section}", partition, section, key, "D" if delete else "U", version, values)
+
+
+@pytest.fixture
+async def manager(redis_cluster_url: str, namespace: str) -> AsyncIterator[DataManager]:
+    config = RedisConfig(url=redis_cluster_url, cluster=True, namespace=namespace)
+    manager = await DataManager.connect(config)
+    assert isinstance(manager.client, RedisCluster)
+    yield manager
+    await manager.close()
+
+
+async def test_a_partitions_keys_share_one_slot(manager: DataManager) -> None:
+    partition = "region:{7}"
+    changes = [change(partition, s, str(k), 10 + k) for s in ("alpha", "beta") for k in range(5)]
+    await manager.apply([*changes, change(partition, "alpha", "2", 99, delete=True)])
+    layout = manager.layout
+    keys = [layout.seq(partition), layout.stream(partition), layout.channel(partition, "alpha")]
+    keys += [layout.index(partition, s) for s in ("alpha", "beta")]
+    keys += [layout.document(partition, c.section, c.key) for c in changes]
+    slots = {await manager.client.cluster_keyslot(key) for key in keys}
+    assert len(slots) == 1
+
+
+async def test_a_batch_fans_out_to_every_master(manager: DataManager) -> None:
+    partitions = [f"p{i}" for i in range(24)]
+    client = manager.client
+    assert isinstance(client, RedisCluster)
+    nodes = {client.get_node_from_key(manager.layout.seq(p)).name for p in partitions}
+    assert len(nodes) == 3
+    result = await manager.apply([change(p, "alpha", str(k), k + 1) for p in partitions for k in range(3)])
+    assert result.published == 72
+    assert result.seqs == {p: 3 for p in partitions}
+    for partition in partitions:
+        assert len(await manager.documents(partition, "alpha")) == 3
+
+
+async def test_a_script_missing_on_one_node_is_loaded_again(manager: DataManager) -> None:
+    client = manager.client
+    assert isinstance(client, RedisCluster)
+    partitions = [f"q{i}" for i in range(12)]
+    await manager.apply([change(p, "alpha", "1", 1) for p in partitions])
+    node = client.get_node_from_key(manager.layout.seq(partitions[0]))
+    await client.execute_command("SCRIPT FLUSH", target_nodes=node)
+    assert await client.execute_command("SCRIPT EXISTS", manager._sha, target_nodes=node) == [0]
+    result = await manager.apply([change(p, "alpha", "1", 2, delete=True) for p in partitions])
+    assert result.published == 12
+
+
+async def test_messages_go_out_on_shard_channels(manager: DataManager) -> None:
+    client = manager.client
+    assert isinstance(client, RedisCluster)
+    channels = [manager.layout.channel(p, "alpha") for p in ("s1", "s2", "s3")]
+    pubsub = client.pubsub()
+    await pubsub.ssubscribe(*channels)
+    try:
+        await manager.apply([change(p, "alpha", "1", 5) for p in ("s1", "s2", "s3")])
+        received = set()
+        for _ in range(50):
+            message = await pubsub.get_sharded_message(ignore_subscribe_messages=True, timeout=0.2)
+            if message is not None:
+                received.add(orjson.loads(message["data"])["partition"])
+            if received == {"s1", "s2", "s3"}:
+                break
+        assert received == {"s1", "s2", "s3"}
+    finally:
+        await pubsub.aclose()
