@@ -1,0 +1,308 @@
+"""The T-SQL that the SQL Server source sends, built in one place.
+
+Identifiers (schema, table, column names) come from the config, where they are
+already restricted to ``[A-Za-z_][A-Za-z0-9_]*``; they are validated again here
+and always quoted with brackets (``]`` doubled). Values (versions, keys, page
+sizes, names handed to OBJECT_ID/COLUMNPROPERTY) are always ``?`` parameters:
+a ``Statement`` carries its text and its parameters together, in the order
+the placeholders appear. Every statement here is parsed by sqlglot's T-SQL
+dialect in tests/test_mssql_sql.py.
+
+The statements of one poll, in one SNAPSHOT transaction (SQLSERVER.md)::
+
+    SET TRANSACTION ISOLATION LEVEL SNAPSHOT
+    BEGIN TRANSACTION
+    SELECT CHANGE_TRACKING_MIN_VALID_VERSION(OBJECT_ID(?))   -- NULL: error
+    SELECT CHANGE_TRACKING_CURRENT_VERSION()                 -- NULL: error
+    SELECT TOP (?) ct.SYS_CHANGE_VERSION, ... FROM CHANGETABLE(CHANGES [s].[t], ?) AS ct
+      LEFT JOIN [s].[t] AS t ON <pk equality> WHERE ct.SYS_CHANGE_VERSION <= ? [AND (version, pk) > after]
+      ORDER BY ct.SYS_CHANGE_VERSION, <pk>
+    COMMIT TRANSACTION
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+MAX_PARAMETERS = 2100  # SQL Server's limit on parameters per request
+_IDENTIFIER_MAX = 128
+_SQL_TYPE = re.compile(r"^[a-z][a-z0-9]*(\((max|\d+)(,\d+)?\))?$")
+
+
+@dataclass(frozen=True)
+class Statement:
+    sql: str
+    params: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True)
+class TableShape:
+    """What the builders need to know about a table."""
+
+    schema: str
+    name: str
+    primary_key: tuple[str, ...]
+    key_types: tuple[str, ...]  # declared SQL type of each key column, e.g. "nvarchar(50)"
+    columns: tuple[str, ...]  # published columns, primary key first
+    mask_columns: tuple[str, ...] = ()  # columns decoded from SYS_CHANGE_COLUMNS (empty: no column tracking)
+
+    @property
+    def qualified(self) -> str:
+        return qualified(self.schema, self.name)
+
+
+# -- identifiers -------------------------------------------------------------
+
+
+def quote(identifier: str) -> str:
+    """``identifier`` as a bracket-quoted T-SQL identifier: ``a]b`` -> ``[a]]b]``."""
+    if not identifier or len(identifier) > _IDENTIFIER_MAX or "\x00" in identifier:
+        raise ValueError(f"{identifier!r} is not a valid SQL Server identifier")
+    return "[" + identifier.replace("]", "]]") + "]"
+
+
+def qualified(schema: str, name: str) -> str:
+    """``[schema].[name]``: also the text handed to OBJECT_ID() as a parameter."""
+    return f"{quote(schema)}.{quote(name)}"
+
+
+def _sql_type(type_name: str) -> str:
+    if not _SQL_TYPE.match(type_name):
+        raise ValueError(f"{type_name!r} is not a SQL Server type name")
+    return type_name
+
+
+# -- transactions ------------------------------------------------------------
+
+SET_SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL SNAPSHOT"
+SET_READ_COMMITTED = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
+BEGIN = "BEGIN TRANSACTION"
+COMMIT = "COMMIT TRANSACTION"
+ROLLBACK = "IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION"
+
+
+# -- versions ------------------------------------------------------------------
+
+CURRENT_VERSION = Statement("SELECT CHANGE_TRACKING_CURRENT_VERSION() AS current_version")
+
+
+def min_valid_version(schema: str, name: str) -> Statement:
+    return Statement(
+        "SELECT CHANGE_TRACKING_MIN_VALID_VERSION(OBJECT_ID(?)) AS min_valid_version",
+        (qualified(schema, name),),
+    )
+
+
+# -- reading changes and rows ------------------------------------------------
+
+_CT_COLUMNS = (
+    "ct.SYS_CHANGE_VERSION",
+    "ct.SYS_CHANGE_CREATION_VERSION",
+    "ct.SYS_CHANGE_OPERATION",
+    "ct.SYS_CHANGE_COLUMNS",
+)
+
+
+def changes(
+    shape: TableShape,
+    *,
+    since: int,
+    upto: int,
+    limit: int,
+    after: tuple[int, Sequence[Any]] | None = None,
+) -> Statement:
+    """Net changes after ``since`` up to ``upto``, one page of ``limit`` rows in
+    (version, primary key) order, starting after the ``after`` cursor.
+
+    The result columns are: the four SYS_CHANGE_* columns, ct.<pk...> (present
+    for deletes too), t.<published columns...> (NULL when the row is gone),
+    then one CHANGE_TRACKING_IS_COLUMN_IN_MASK flag per ``mask_columns``.
+    ``SYS_CHANGE_VERSION <= upto`` keeps a row committed after the version
+    read in this transaction out of this read: it comes in the next one.
+    """
+    table = shape.qualified
+    params: list[Any] = [limit]
+    select = [*_CT_COLUMNS]
+    select += [f"ct.{quote(c)}" for c in shape.primary_key]
+    select += [f"t.{quote(c)}" for c in shape.columns]
+    for column in shape.mask_columns:
+        # SYS_CHANGE_COLUMNS is opaque: decode it only with the documented function.
+        select.append(
+            "CHANGE_TRACKING_IS_COLUMN_IN_MASK(COLUMNPROPERTY(OBJECT_ID(?), ?, 'ColumnId'), ct.SYS_CHANGE_COLUMNS)"
+        )
+        params += [table, column]
+    join = " AND ".join(f"t.{quote(c)} = ct.{quote(c)}" for c in shape.primary_key)
+    params += [since, upto]
+    where = "ct.SYS_CHANGE_VERSION <= ?"
+    if after is not None:
+        version, key = after
+        terms: list[tuple[str, str | None]] = [("ct.SYS_CHANGE_VERSION", None)]
+        terms += [(f"ct.{quote(c)}", t) for c, t in zip(shape.primary_key, shape.key_types, strict=True)]
+        keyset, keyset_params = _keyset_after(terms, [version, *key])
+        where += f" AND {keyset}"
+        params += keyset_params
+    order = ", ".join(["ct.SYS_CHANGE_VERSION", *(f"ct.{quote(c)}" for c in shape.primary_key)])
+    sql = (
+        f"SELECT TOP (?) {', '.join(select)} "  # noqa: S608 - identifiers quoted, values are parameters
+        f"FROM CHANGETABLE(CHANGES {table}, ?) AS ct "
+        f"LEFT JOIN {table} AS t ON {join} "
+        f"WHERE {where} ORDER BY {order}"
+    )
+    return _checked(Statement(sql, tuple(params)))
+
+
+def snapshot_page(shape: TableShape, *, limit: int, after: Sequence[Any] | None = None) -> Statement:
+    """One keyset page of the whole table, in primary-key order."""
+    params: list[Any] = [limit]
+    columns = ", ".join(f"t.{quote(c)}" for c in shape.columns)
+    where = ""
+    if after is not None:
+        terms = [(f"t.{quote(c)}", t) for c, t in zip(shape.primary_key, shape.key_types, strict=True)]
+        keyset, keyset_params = _keyset_after(terms, list(after))
+        where = f" WHERE {keyset}"
+        params += keyset_params
+    order = ", ".join(f"t.{quote(c)}" for c in shape.primary_key)
+    sql = f"SELECT TOP (?) {columns} FROM {shape.qualified} AS t{where} ORDER BY {order}"  # noqa: S608
+    return _checked(Statement(sql, tuple(params)))
+
+
+def _keyset_after(terms: Sequence[tuple[str, str | None]], values: Sequence[Any]) -> tuple[str, list[Any]]:
+    """``(a, b, ...) > (va, vb, ...)`` spelled out for T-SQL, which has no row
+    comparison: ``(a > ? OR (a = ? AND (b > ? OR ...)))``. Key parameters are
+    cast to the column's own type, so the comparison uses the column's
+    collation and ordering (the same as ORDER BY), not nvarchar's."""
+    (expr, sql_type), *rest = terms
+    value, *more = values
+    placeholder = "?" if sql_type is None else f"CAST(? AS {_sql_type(sql_type)})"
+    if not rest:
+        return f"{expr} > {placeholder}", [value]
+    inner, inner_params = _keyset_after(rest, more)
+    return f"({expr} > {placeholder} OR ({expr} = {placeholder} AND {inner}))", [value, value, *inner_params]
+
+
+def _checked(statement: Statement) -> Statement:
+    if len(statement.params) > MAX_PARAMETERS:
+        raise ValueError(
+            f"the query needs {len(statement.params)} parameters, more than SQL Server's {MAX_PARAMETERS}: "
+            "publish fewer columns"
+        )
+    return statement
+
+
+# -- the catalog -------------------------------------------------------------
+
+COLUMNS = (
+    "SELECT c.column_id, c.name, ut.name AS type_name, bt.name AS base_type_name, "
+    "ut.is_assembly_type, c.max_length, c.precision, c.scale, c.is_nullable, c.is_computed "
+    "FROM sys.columns AS c "
+    "JOIN sys.types AS ut ON ut.user_type_id = c.user_type_id "
+    "LEFT JOIN sys.types AS bt ON bt.user_type_id = c.system_type_id "
+    "WHERE c.object_id = OBJECT_ID(?) "
+    "ORDER BY c.column_id"
+)
+PRIMARY_KEY = (
+    "SELECT c.name "
+    "FROM sys.indexes AS i "
+    "JOIN sys.index_columns AS ic ON ic.object_id = i.object_id AND ic.index_id = i.index_id "
+    "JOIN sys.columns AS c ON c.object_id = ic.object_id AND c.column_id = ic.column_id "
+    "WHERE i.object_id = OBJECT_ID(?) AND i.is_primary_key = 1 AND ic.key_ordinal > 0 "
+    "ORDER BY ic.key_ordinal"
+)
+TABLE_TRACKING = (
+    "SELECT ctt.is_track_columns_updated_on, ctt.min_valid_version "
+    "FROM sys.change_tracking_tables AS ctt WHERE ctt.object_id = OBJECT_ID(?)"
+)
+TABLE_PERMISSIONS = (
+    "SELECT HAS_PERMS_BY_NAME(?, N'OBJECT', N'SELECT') AS can_select, "
+    "HAS_PERMS_BY_NAME(?, N'OBJECT', N'VIEW CHANGE TRACKING') AS can_view_change_tracking"
+)
+ROW_ESTIMATE = (
+    "SELECT SUM(p.rows) AS row_estimate FROM sys.partitions AS p "
+    "WHERE p.object_id = OBJECT_ID(?) AND p.index_id IN (0, 1)"
+)
+# The current database is always visible in sys.databases; sys.change_tracking_databases
+# may hide its row from a login that neither owns the database nor has VIEW ANY DATABASE,
+# so "tracking on" is read from CHANGE_TRACKING_CURRENT_VERSION() (NULL when off).
+DATABASE_SETTINGS = (
+    "SELECT d.name, d.snapshot_isolation_state, d.snapshot_isolation_state_desc, "
+    "CHANGE_TRACKING_CURRENT_VERSION() AS current_version, "
+    "ctd.retention_period, ctd.retention_period_units, ctd.is_auto_cleanup_on "
+    "FROM sys.databases AS d "
+    "LEFT JOIN sys.change_tracking_databases AS ctd ON ctd.database_id = d.database_id "
+    "WHERE d.database_id = DB_ID()"
+)
+
+
+def columns(schema: str, name: str) -> Statement:
+    return Statement(COLUMNS, (qualified(schema, name),))
+
+
+def primary_key(schema: str, name: str) -> Statement:
+    return Statement(PRIMARY_KEY, (qualified(schema, name),))
+
+
+def table_tracking(schema: str, name: str) -> Statement:
+    return Statement(TABLE_TRACKING, (qualified(schema, name),))
+
+
+def table_permissions(schema: str, name: str) -> Statement:
+    return Statement(TABLE_PERMISSIONS, (qualified(schema, name),) * 2)
+
+
+def row_estimate(schema: str, name: str) -> Statement:
+    return Statement(ROW_ESTIMATE, (qualified(schema, name),))
+
+
+# -- setting tracking up -------------------------------------------------------
+
+ENABLE_SNAPSHOT_ISOLATION = Statement("ALTER DATABASE CURRENT SET ALLOW_SNAPSHOT_ISOLATION ON")
+_UNIT_SECONDS = {"MINUTES": 60, "HOURS": 3600, "DAYS": 86400}
+_UNIT_CODES = {1: "MINUTES", 2: "HOURS", 3: "DAYS"}  # sys.change_tracking_databases.retention_period_units
+
+
+def retention(seconds: float) -> tuple[int, str]:
+    """``seconds`` rounded up to whole minutes, spelled in the largest unit
+    that keeps it exact: 2d -> (2, DAYS), 36h -> (36, HOURS), 90m -> (90,
+    MINUTES), 10s -> (1, MINUTES) (SQL Server's minimum)."""
+    minutes = max(1, math.ceil(seconds / 60 - 1e-9))
+    if minutes % 1440 == 0:
+        return minutes // 1440, "DAYS"
+    if minutes % 60 == 0:
+        return minutes // 60, "HOURS"
+    return minutes, "MINUTES"
+
+
+def retention_seconds(period: int, units: int | str) -> float:
+    """A retention read from sys.change_tracking_databases, in seconds."""
+    unit = _UNIT_CODES.get(units, "") if isinstance(units, int) else units.upper()
+    if unit not in _UNIT_SECONDS:
+        raise ValueError(f"unknown retention unit {units!r}")
+    return float(period * _UNIT_SECONDS[unit])
+
+
+def enable_database_tracking(seconds: float) -> Statement:
+    amount, unit = retention(seconds)
+    return Statement(
+        f"ALTER DATABASE CURRENT SET CHANGE_TRACKING = ON (CHANGE_RETENTION = {amount} {unit}, AUTO_CLEANUP = ON)"
+    )
+
+
+def set_retention(seconds: float) -> Statement:
+    """Lengthen the retention of a database that already tracks changes
+    (AUTO_CLEANUP is left alone: turning it on again resets retention)."""
+    amount, unit = retention(seconds)
+    return Statement(f"ALTER DATABASE CURRENT SET CHANGE_TRACKING (CHANGE_RETENTION = {amount} {unit})")
+
+
+def enable_table_tracking(schema: str, name: str) -> Statement:
+    return Statement(
+        f"ALTER TABLE {qualified(schema, name)} ENABLE CHANGE_TRACKING WITH (TRACK_COLUMNS_UPDATED = ON)"
+    )
+
+
+def disable_table_tracking(schema: str, name: str) -> Statement:
+    return Statement(f"ALTER TABLE {qualified(schema, name)} DISABLE CHANGE_TRACKING")

@@ -1,0 +1,895 @@
+"""The SQL Server source's T-SQL, checked without a SQL Server.
+
+- Every statement the builders generate is parsed by sqlglot's T-SQL dialect.
+  sqlglot lacks two T-SQL constructs the source must use, ``CHANGETABLE(CHANGES
+  t, v)`` and ``ISOLATION LEVEL SNAPSHOT``: ``TsqlCT`` below teaches it exactly
+  those two (strictly: anything else still fails), and each statement that
+  needs them is also parsed by plain ``tsql`` with them swapped for their
+  nearest plain form, so plain tsql's only objection is known. ALTER
+  DATABASE/TABLE options have no sqlglot grammar (it falls back to a Command):
+  their exact text is asserted instead.
+- Placeholders are counted on the parsed tree and must match the parameters.
+- ``FakeOdbc`` records the statements the source sends, in order, on which
+  thread. It answers the catalog and version queries from a script, and runs
+  the change and snapshot queries (translated by sqlglot) on sqlite with a
+  ``ct_src`` table standing in for CHANGETABLE: that checks the query's logic
+  (LEFT JOIN, keyset pages, ``<= upto``), never SQL Server's behaviour, which
+  only tests/test_mssql_live.py can show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sqlite3
+import threading
+from collections.abc import Callable, Sequence
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pyodbc
+import pytest
+import sqlglot
+import yaml
+from sqlglot import exp
+from sqlglot.dialects.tsql import TSQL
+from sqlglot.tokens import TokenType
+
+from cdc.config import SourceConfig, TableConfig, load_config
+from cdc.errors import (
+    SchemaError,
+    SourceUnavailable,
+    TrackingExpired,
+    TrackingNotEnabled,
+    UnsupportedType,
+)
+from cdc.sources import mssql_sql as sql
+from cdc.sources.base import ChangeSource, TableInfo
+from cdc.sources.mssql import MssqlSource, parse_dsn
+from cdc.templates import Template
+
+# -- sqlglot, taught CHANGETABLE and SNAPSHOT --------------------------------
+
+
+class TsqlCT(TSQL):
+    class Parser(TSQL.Parser):
+        TRANSACTION_CHARACTERISTICS = {
+            **TSQL.Parser.TRANSACTION_CHARACTERISTICS,
+            "ISOLATION": (*TSQL.Parser.TRANSACTION_CHARACTERISTICS["ISOLATION"], ("LEVEL", "SNAPSHOT")),
+        }
+
+        def _parse_changetable(self) -> exp.Expression:
+            if not self._match_text_seq("CHANGES"):
+                self.raise_error("CHANGETABLE: expected CHANGES")
+            table = self._parse_table_parts()
+            if not self._match(TokenType.COMMA):
+                self.raise_error("CHANGETABLE: expected a comma after the table")
+            since = self._parse_assignment()
+            return exp.Anonymous(this="CHANGETABLE", expressions=[exp.var("CHANGES"), table, since])
+
+        FUNCTION_PARSERS = {
+            **TSQL.Parser.FUNCTION_PARSERS,
+            "CHANGETABLE": lambda self: self._parse_changetable(),
+        }
+
+
+_CHANGETABLE = re.compile(r"CHANGETABLE\(CHANGES (.+?), \?\)(?= AS ct )")
+
+
+def parse(statement: sql.Statement | str) -> exp.Expression:
+    """Parse with plain tsql, or (for the two known gaps) with TsqlCT, after
+    checking that plain tsql accepts the statement with the gap swapped out."""
+    text = statement if isinstance(statement, str) else statement.sql
+    try:
+        return sqlglot.parse_one(text, read="tsql")
+    except sqlglot.errors.ParseError:
+        pass
+    plain = _CHANGETABLE.sub(r"\1", text).replace("ISOLATION LEVEL SNAPSHOT", "ISOLATION LEVEL SERIALIZABLE")
+    assert plain != text, f"plain tsql rejects {text!r} for a reason other than the two known gaps"
+    sqlglot.parse_one(plain, read="tsql")
+    return sqlglot.parse_one(text, read=TsqlCT)
+
+
+def placeholders(tree: exp.Expression) -> int:
+    return len(list(tree.find_all(exp.Placeholder)))
+
+
+# -- shapes ---------------------------------------------------------------------
+
+SIMPLE = sql.TableShape(
+    schema="dbo",
+    name="Forecasts",
+    primary_key=("Id",),
+    key_types=("int",),
+    columns=("Id", "Price", "Status"),
+    mask_columns=("Price", "Status"),
+)
+HOSTILE = sql.TableShape(
+    schema="we]ird",
+    name="Or[ders] x",
+    primary_key=("a]b", "Line"),
+    key_types=("nvarchar(10)", "int"),
+    columns=("a]b", "Line", "x'); DROP TABLE t; --", "[c"),
+    mask_columns=("x'); DROP TABLE t; --", "[c"),
+)
+
+
+def every_statement() -> list[sql.Statement]:
+    out: list[sql.Statement] = []
+    for shape in (SIMPLE, HOSTILE):
+        key = ["k1", 2][: len(shape.primary_key)]
+        out += [
+            sql.min_valid_version(shape.schema, shape.name),
+            sql.changes(shape, since=5, upto=9, limit=100),
+            sql.changes(shape, since=5, upto=9, limit=100, after=(7, key)),
+            sql.snapshot_page(shape, limit=100),
+            sql.snapshot_page(shape, limit=100, after=key),
+            sql.columns(shape.schema, shape.name),
+            sql.primary_key(shape.schema, shape.name),
+            sql.table_tracking(shape.schema, shape.name),
+            sql.table_permissions(shape.schema, shape.name),
+            sql.row_estimate(shape.schema, shape.name),
+            sql.enable_table_tracking(shape.schema, shape.name),
+            sql.disable_table_tracking(shape.schema, shape.name),
+        ]
+    out += [
+        sql.Statement(sql.SET_SNAPSHOT),
+        sql.Statement(sql.SET_READ_COMMITTED),
+        sql.Statement(sql.BEGIN),
+        sql.Statement(sql.COMMIT),
+        sql.Statement(sql.ROLLBACK),
+        sql.CURRENT_VERSION,
+        sql.Statement(sql.DATABASE_SETTINGS),
+        sql.ENABLE_SNAPSHOT_ISOLATION,
+        sql.enable_database_tracking(2 * 86400),
+        sql.set_retention(36 * 3600),
+    ]
+    return out
+
+
+@pytest.mark.parametrize("statement", every_statement(), ids=lambda s: s.sql[:60])
+def test_every_statement_parses_and_its_placeholders_match_its_parameters(statement: sql.Statement) -> None:
+    tree = parse(statement)
+    assert placeholders(tree) == len(statement.params)
+
+
+def test_hostile_identifiers_are_bracket_quoted_and_round_trip() -> None:
+    assert sql.quote("a]b") == "[a]]b]"
+    assert sql.quote("[c") == "[[c]"
+    assert sql.qualified("we]ird", "Or[ders] x") == "[we]]ird].[Or[ders]] x]"
+    for bad in ("", "x\x00y", "x" * 129):
+        with pytest.raises(ValueError):
+            sql.quote(bad)
+    tree = parse(sql.changes(HOSTILE, since=1, upto=2, limit=3))
+    names = {c.name for c in tree.find_all(exp.Column)}
+    assert {"a]b", "Line", "x'); DROP TABLE t; --", "[c"} <= names
+    tables = {(t.db, t.name) for t in tree.find_all(exp.Table) if t.name}
+    assert ("we]ird", "Or[ders] x") in tables
+    # the hostile name is in the text only as a bracketed identifier; OBJECT_ID/COLUMNPROPERTY get it as a parameter
+    statement = sql.changes(HOSTILE, since=1, upto=2, limit=3)
+    assert statement.sql.replace("[x'); DROP TABLE t; --]", "").count("DROP TABLE") == 0
+    assert "x'); DROP TABLE t; --" in statement.params
+    with pytest.raises(ValueError):
+        sql.changes(
+            sql.TableShape("dbo", "T", ("Id",), ("int); DROP TABLE x; --",), ("Id",)),
+            since=1,
+            upto=2,
+            limit=1,
+            after=(1, [1]),
+        )
+
+
+def test_changes_statement_shape() -> None:
+    statement = sql.changes(SIMPLE, since=5, upto=9, limit=100, after=(7, [42]))
+    tree = parse(statement)
+    assert isinstance(tree, exp.Select)
+    selected = [e.sql("tsql") for e in tree.expressions]
+    assert selected[:4] == [
+        "ct.SYS_CHANGE_VERSION",
+        "ct.SYS_CHANGE_CREATION_VERSION",
+        "ct.SYS_CHANGE_OPERATION",
+        "ct.SYS_CHANGE_COLUMNS",
+    ]
+    assert selected[4:8] == ["ct.[Id]", "t.[Id]", "t.[Price]", "t.[Status]"]
+    assert all(
+        "CHANGE_TRACKING_IS_COLUMN_IN_MASK(COLUMNPROPERTY(OBJECT_ID(?), ?, 'ColumnId')" in s
+        for s in selected[8:]
+    )
+    join = tree.args["joins"][0]
+    assert join.side == "LEFT" and join.this.alias == "t"
+    assert join.args["on"].sql("tsql") == "t.[Id] = ct.[Id]"
+    order = [o.this.sql("tsql") for o in tree.args["order"].expressions]
+    assert order == ["ct.SYS_CHANGE_VERSION", "ct.[Id]"]
+    # TOP, then (object, column) per masked column, since, upto, then the keyset (version twice, key once)
+    assert statement.params == (
+        100,
+        "[dbo].[Forecasts]",
+        "Price",
+        "[dbo].[Forecasts]",
+        "Status",
+        5,
+        9,
+        7,
+        7,
+        42,
+    )
+    assert "CHANGETABLE(CHANGES [dbo].[Forecasts], ?) AS ct" in statement.sql
+    assert "ct.SYS_CHANGE_VERSION <= ?" in statement.sql
+
+
+def test_composite_keyset_is_lexicographic_and_casts_to_the_key_type() -> None:
+    statement = sql.snapshot_page(HOSTILE, limit=10, after=["k", 3])
+    assert (
+        "WHERE (t.[a]]b] > CAST(? AS nvarchar(10)) OR (t.[a]]b] = CAST(? AS nvarchar(10)) "
+        "AND t.[Line] > CAST(? AS int)))" in statement.sql
+    )
+    assert statement.params == (10, "k", "k", 3)
+    order = [o.this.sql("tsql") for o in parse(statement).args["order"].expressions]
+    assert order == ["t.[a]]b]", "t.[Line]"]
+
+
+def test_no_column_tracking_means_no_mask_expressions() -> None:
+    shape = sql.TableShape("dbo", "T", ("Id",), ("int",), ("Id", "V"))
+    statement = sql.changes(shape, since=1, upto=2, limit=3)
+    assert "CHANGE_TRACKING_IS_COLUMN_IN_MASK" not in statement.sql
+    assert statement.params == (3, 1, 2)
+
+
+def test_too_many_parameters_is_refused() -> None:
+    wide = sql.TableShape(
+        "dbo",
+        "T",
+        ("Id",),
+        ("int",),
+        ("Id", *[f"c{i}" for i in range(1100)]),
+        tuple(f"c{i}" for i in range(1100)),
+    )
+    with pytest.raises(ValueError, match="2100"):
+        sql.changes(wide, since=1, upto=2, limit=3)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "expected"),
+    [
+        (2 * 86400, (2, "DAYS")),
+        (7 * 86400, (7, "DAYS")),
+        (36 * 3600, (36, "HOURS")),
+        (90 * 60, (90, "MINUTES")),
+        (10, (1, "MINUTES")),
+        (0, (1, "MINUTES")),
+        (86400 + 1, (1441, "MINUTES")),
+        (3600.5, (61, "MINUTES")),
+    ],
+)
+def test_retention_is_rounded_up_to_whole_units(seconds: float, expected: tuple[int, str]) -> None:
+    assert sql.retention(seconds) == expected
+    assert sql.retention_seconds(*expected) >= seconds
+
+
+def test_set_up_statements() -> None:
+    assert sql.ENABLE_SNAPSHOT_ISOLATION.sql == "ALTER DATABASE CURRENT SET ALLOW_SNAPSHOT_ISOLATION ON"
+    assert (
+        sql.enable_database_tracking(2 * 86400).sql
+        == "ALTER DATABASE CURRENT SET CHANGE_TRACKING = ON (CHANGE_RETENTION = 2 DAYS, AUTO_CLEANUP = ON)"
+    )
+    assert (
+        sql.set_retention(36 * 3600).sql
+        == "ALTER DATABASE CURRENT SET CHANGE_TRACKING (CHANGE_RETENTION = 36 HOURS)"
+    )
+    assert (
+        sql.enable_table_tracking("dbo", "a]b").sql
+        == "ALTER TABLE [dbo].[a]]b] ENABLE CHANGE_TRACKING WITH (TRACK_COLUMNS_UPDATED = ON)"
+    )
+    assert sql.disable_table_tracking("dbo", "T").sql == "ALTER TABLE [dbo].[T] DISABLE CHANGE_TRACKING"
+    assert sql.retention_seconds(3, 3) == 3 * 86400
+    assert sql.retention_seconds(5, "minutes") == 300
+
+
+# -- a recording, sqlite-backed stand-in for a pyodbc connection --------------
+
+CATALOG = [
+    # column_id, name, type, base type, is_assembly, max_length, precision, scale, nullable, computed
+    (1, "Id", "int", "int", 0, 4, 10, 0, 0, 0),
+    (2, "Price", "decimal", "decimal", 0, 9, 12, 2, 1, 0),
+    (3, "Status", "nvarchar", "nvarchar", 0, 40, 0, 0, 1, 0),
+    (4, "Doubled", "int", "int", 0, 4, 10, 0, 1, 1),
+]
+
+
+class FakeOdbc:
+    """Records every statement; answers like a SQL Server that tracks dbo.Forecasts."""
+
+    def __init__(self) -> None:
+        self.db = sqlite3.connect(":memory:", check_same_thread=False)
+        self.db.execute("ATTACH ':memory:' AS dbo")
+        self.db.execute(
+            'CREATE TABLE dbo."Forecasts" ("Id" INTEGER PRIMARY KEY, "Price" TEXT, "Status" TEXT, "Doubled" INTEGER)'
+        )
+        self.db.execute(
+            "CREATE TABLE ct_src (SYS_CHANGE_VERSION INTEGER, SYS_CHANGE_CREATION_VERSION INTEGER, "
+            'SYS_CHANGE_OPERATION TEXT, SYS_CHANGE_COLUMNS TEXT, "Id" INTEGER)'
+        )
+        self.db.create_function("OBJECT_ID", 1, lambda name: name)
+        self.db.create_function("COLUMNPROPERTY", 3, lambda obj, column, prop: column)
+        self.db.create_function(
+            "CHANGE_TRACKING_IS_COLUMN_IN_MASK",
+            2,
+            lambda column, mask: int(mask is not None and column in mask.split(",")),
+        )
+        self.catalog = list(CATALOG)
+        self.primary_key = [("Id",)]
+        self.tracking: list[tuple[Any, ...]] = [(1, 0)]
+        self.min_valid: int | None = 0
+        self.current: int | None = 10
+        self.database = (
+            "CdcDemo",
+            1,
+            "ON",
+            10,
+            2,
+            3,
+            1,
+        )  # name, snapshot state/desc, current, retention, units, cleanup
+        self.permissions = (1, 1)
+        self.log: list[tuple[str, tuple[Any, ...]]] = []
+        self.threads: set[str] = set()
+        self.connections = 0
+        self.fail: Callable[[str], Exception | None] = lambda text: None
+
+    def connect(self) -> FakeConnection:
+        self.connections += 1
+        return FakeConnection(self)
+
+    def statements(self) -> list[str]:
+        return [_kind(text) for text, _ in self.log]
+
+    def answer(self, text: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        self.log.append((text, params))
+        self.threads.add(threading.current_thread().name)
+        parse(sql.Statement(text, params))  # everything the source sends parses
+        error = self.fail(text)
+        if error is not None:
+            raise error
+        if "CHANGE_TRACKING_MIN_VALID_VERSION(OBJECT_ID(?)) AS" in text:
+            return [(self.min_valid,)]
+        if text == sql.CURRENT_VERSION.sql:
+            return [(self.current,)]
+        if text == sql.COLUMNS:
+            return self.catalog
+        if text == sql.PRIMARY_KEY:
+            return self.primary_key
+        if text == sql.TABLE_TRACKING:
+            return self.tracking
+        if text == sql.ROW_ESTIMATE:
+            return [(self.db.execute('SELECT COUNT(*) FROM dbo."Forecasts"').fetchone()[0],)]
+        if text == sql.DATABASE_SETTINGS:
+            return [self.database]
+        if text == sql.TABLE_PERMISSIONS:
+            return [self.permissions]
+        if text.startswith("SELECT TOP (?)"):
+            return self.db.execute(to_sqlite(text, params)).fetchall()
+        return []
+
+
+class FakeConnection:
+    def __init__(self, fake: FakeOdbc) -> None:
+        self.fake = fake
+        self.timeout = 0
+        self.converters: dict[int, Callable[[Any], Any]] = {}
+
+    def add_output_converter(self, sql_type: int, fn: Callable[[Any], Any]) -> None:
+        self.converters[sql_type] = fn
+
+    def cursor(self) -> FakeCursor:
+        return FakeCursor(self.fake)
+
+    def close(self) -> None:
+        self.fake.log.append(("<close>", ()))
+
+
+class FakeCursor:
+    def __init__(self, fake: FakeOdbc) -> None:
+        self.fake = fake
+        self.rows: list[tuple[Any, ...]] = []
+
+    def execute(self, text: str, *params: Any) -> FakeCursor:
+        self.rows = self.fake.answer(text, params)
+        return self
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return self.rows
+
+    def close(self) -> None:
+        pass
+
+
+def _literal(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, (int, Decimal)):
+        return str(value)
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def to_sqlite(text: str, params: Sequence[Any]) -> str:
+    """The T-SQL statement with its parameters inlined, CHANGETABLE(CHANGES t, v)
+    replaced by the rows of ct_src above v, in sqlite's dialect."""
+    values = iter(params)
+    inlined = re.sub(r"\?", lambda _: _literal(next(values)), text)
+    tree = sqlglot.parse_one(inlined, read=TsqlCT)
+
+    def swap(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Table) and isinstance(node.this, exp.Anonymous):
+            since = node.this.expressions[2].sql()
+            rows = sqlglot.parse_one(f"SELECT * FROM ct_src WHERE SYS_CHANGE_VERSION > {since}")
+            return exp.Subquery(this=rows, alias=node.args["alias"])
+        return node
+
+    return tree.transform(swap).sql(dialect="sqlite")
+
+
+def _kind(text: str) -> str:
+    for marker, kind in (
+        ("SET TRANSACTION ISOLATION LEVEL SNAPSHOT", "SNAPSHOT"),
+        ("SET TRANSACTION ISOLATION LEVEL READ COMMITTED", "READ COMMITTED"),
+        ("BEGIN TRANSACTION", "BEGIN"),
+        ("COMMIT TRANSACTION", "COMMIT"),
+        ("IF @@TRANCOUNT > 0 ROLLBACK", "ROLLBACK"),
+        ("CHANGE_TRACKING_MIN_VALID_VERSION(OBJECT_ID(?)) AS", "MIN_VALID"),
+        ("SELECT CHANGE_TRACKING_CURRENT_VERSION() AS current_version", "CURRENT"),
+        ("FROM CHANGETABLE", "CHANGES"),
+        ("SELECT TOP (?) t.", "PAGE"),
+        ("sys.partitions", "ESTIMATE"),
+        ("ALTER ", "ALTER"),
+        ("<close>", "CLOSE"),
+    ):
+        if text.startswith(marker) or (marker in text and marker != "ALTER "):
+            return kind
+    return "CATALOG"
+
+
+CONFIG = SourceConfig(kind="mssql", dsn="DRIVER={FreeTDS};SERVER=db;DATABASE=CdcDemo;UID=cdc;PWD=Secret-1")
+
+
+def table_config(columns: tuple[str, ...] | None = ("Price", "Status", "Doubled")) -> TableConfig:
+    return TableConfig(
+        table="dbo.Forecasts",
+        schema="dbo",
+        name="Forecasts",
+        section="forecasts",
+        partition=Template.parse("app1"),
+        key=None,
+        columns=columns,
+    )
+
+
+@pytest.fixture
+def fake() -> FakeOdbc:
+    return FakeOdbc()
+
+
+async def described(fake: FakeOdbc, **kwargs: Any) -> tuple[MssqlSource, TableInfo]:
+    source = MssqlSource(CONFIG, connector=fake.connect)
+    await source.connect()
+    info = await source.describe(table_config(**kwargs))
+    return source, info
+
+
+def put(fake: FakeOdbc, rows: list[tuple[Any, ...]], changes: list[tuple[Any, ...]]) -> None:
+    fake.db.executemany('INSERT INTO dbo."Forecasts" VALUES (?, ?, ?, ?)', rows)
+    fake.db.executemany("INSERT INTO ct_src VALUES (?, ?, ?, ?, ?)", changes)
+
+
+# -- describe --------------------------------------------------------------------
+
+
+async def test_describe_reads_the_catalog(fake: FakeOdbc) -> None:
+    source, info = await described(fake)
+    assert isinstance(source, ChangeSource)
+    assert info.primary_key == ("Id",)
+    assert info.column_names == ("Id", "Price", "Status", "Doubled")
+    assert [c.type_name for c in info.columns] == ["int", "decimal(12,2)", "nvarchar(20)", "int"]
+    assert fake.statements()[:1] == ["READ COMMITTED"]
+    assert ("", ()) not in fake.log
+    await source.close()
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "words"),
+    [
+        (lambda f: setattr(f, "catalog", []), SchemaError, ["dbo.Forecasts", "no such table"]),
+        (lambda f: setattr(f, "primary_key", []), SchemaError, ["dbo.Forecasts", "primary key"]),
+        (
+            lambda f: setattr(f, "tracking", []),
+            TrackingNotEnabled,
+            ["dbo.Forecasts", "ENABLE CHANGE_TRACKING"],
+        ),
+        (
+            lambda f: f.catalog.append((5, "Anything", "sql_variant", "sql_variant", 0, 8016, 0, 0, 1, 0)),
+            UnsupportedType,
+            ["dbo.Forecasts", "Anything", "sql_variant"],
+        ),
+        (
+            lambda f: f.catalog.append((5, "Shape", "geography", None, 1, -1, 0, 0, 1, 0)),
+            UnsupportedType,
+            ["dbo.Forecasts", "Shape", "geography"],
+        ),
+    ],
+)
+async def test_describe_errors_name_the_table(
+    fake: FakeOdbc, change: Callable[[FakeOdbc], None], error: type[Exception], words: list[str]
+) -> None:
+    change(fake)
+    with pytest.raises(error) as caught:
+        await described(fake, columns=None)
+    for word in words:
+        assert word in str(caught.value)
+
+
+async def test_describe_unknown_column(fake: FakeOdbc) -> None:
+    with pytest.raises(SchemaError, match="no column Nope"):
+        await described(fake, columns=("Nope",))
+
+
+# -- polls -------------------------------------------------------------------------
+
+
+async def test_poll_is_one_snapshot_transaction_in_the_documented_order(fake: FakeOdbc) -> None:
+    source, info = await described(fake)
+    put(fake, [(1, "12.50", "new", 2)], [(8, 8, "I", None, 1)])
+    fake.log.clear()
+    page = await source.read_changes(info, 5, limit=100)
+    assert fake.statements() == ["SNAPSHOT", "BEGIN", "MIN_VALID", "CURRENT", "CHANGES", "COMMIT"]
+    changes_params = fake.log[4][1]
+    assert changes_params[0] == 100 and changes_params[-2:] == (5, 10)  # since, upto = current
+    assert page.next_version == 10 and not page.more
+    assert fake.threads and all(name.startswith("cdc-mssql") for name in fake.threads)
+    assert threading.current_thread().name not in fake.threads
+    await source.close()
+
+
+async def test_idle_poll_still_advances_to_the_current_version(fake: FakeOdbc) -> None:
+    source, info = await described(fake)
+    page = await source.read_changes(info, 3, limit=10)
+    assert page.rows == [] and page.next_version == 10
+    await source.close()
+
+
+async def test_net_operations_values_and_changed_columns(fake: FakeOdbc) -> None:
+    source, info = await described(fake)
+    put(
+        fake,
+        [(1, "12.50", "new", 2), (2, "3.00", "old", 6), (4, "1.00", "x", 2), (5, "2.00", "y", 4)],
+        [
+            (6, 6, "I", None, 1),  # created after since=5: I
+            (7, 2, "U", "Price", 2),  # created before: U, only Price changed
+            (8, None, "D", None, 3),  # D stays D
+            (9, 9, "U", None, 4),  # created after since even though the op says U: I
+            (9, 3, "U", None, 5),  # NULL mask: changed columns unknown
+            (10, 3, "U", None, 6),  # non-D whose row is gone (deleted after): D
+        ],
+    )
+    rows = (await source.read_changes(info, 5, limit=100)).rows
+    assert [(r.op, r.version, r.key["Id"]) for r in rows] == [
+        ("I", 6, 1),
+        ("U", 7, 2),
+        ("D", 8, 3),
+        ("I", 9, 4),
+        ("U", 9, 5),
+        ("D", 10, 6),
+    ]
+    assert rows[0].values == {"Id": 1, "Price": Decimal("12.50"), "Status": "new", "Doubled": 2}
+    assert rows[0].changed_columns is None
+    assert rows[1].changed_columns == frozenset({"Price", "Doubled"})  # computed: never in the mask
+    assert rows[2].values is None and rows[5].values is None
+    assert rows[4].changed_columns is None
+    await source.close()
+
+
+async def test_pages_cover_every_change_once_in_version_and_key_order(fake: FakeOdbc) -> None:
+    source, info = await described(fake)
+    put(
+        fake,
+        [(i, "1.00", "s", 2) for i in range(1, 8)],
+        [
+            (6, 1, "U", None, 3),
+            (6, 1, "U", None, 1),
+            (7, 1, "U", None, 2),
+            (7, 1, "U", None, 7),
+            (8, 1, "U", None, 5),
+            (9, 1, "U", None, 4),
+            (11, 1, "U", None, 6),
+        ],
+    )
+    seen = []
+    page = await source.read_changes(info, 5, limit=2)
+    while True:
+        assert page.next_version == 10
+        seen += [(r.version, r.key["Id"]) for r in page.rows]
+        if not page.more:
+            break
+        page = await source.read_changes(info, 5, limit=2, upto=page.next_version, after=page.cursor)
+    assert seen == [(6, 1), (6, 3), (7, 2), (7, 7), (8, 5), (9, 4)]  # version 11 is above current: next poll
+    assert fake.statements().count("MIN_VALID") == 4  # every page re-checks the minimum valid version
+    await source.close()
+
+
+@pytest.mark.parametrize(
+    ("since", "min_valid", "current", "upto", "error"),
+    [
+        (5, 6, 10, None, TrackingExpired),  # cleanup or TRUNCATE passed the checkpoint
+        (12, 0, 10, None, TrackingExpired),  # the database went back in time
+        (5, 0, 8, 9, TrackingExpired),  # ... between two pages
+        (5, None, 10, None, TrackingNotEnabled),  # NULL is an error, never a pass
+        (5, 0, None, None, TrackingNotEnabled),
+    ],
+)
+async def test_version_checks_roll_back_without_reading(
+    fake: FakeOdbc,
+    since: int,
+    min_valid: int | None,
+    current: int | None,
+    upto: int | None,
+    error: type[Exception],
+) -> None:
+    source, info = await described(fake)
+    fake.min_valid, fake.current = min_valid, current
+    fake.log.clear()
+    with pytest.raises(error) as caught:
+        await source.read_changes(info, since, limit=10, upto=upto, after=None if upto is None else (7, (1,)))
+    assert "dbo.Forecasts" in str(caught.value)
+    assert fake.statements() == ["SNAPSHOT", "BEGIN", "MIN_VALID", "CURRENT", "ROLLBACK"]
+    await source.close()
+
+
+async def test_a_link_failure_is_transient_and_the_next_call_reconnects(fake: FakeOdbc) -> None:
+    source, info = await described(fake)
+    fake.fail = lambda text: (
+        pyodbc.OperationalError(
+            "08S01", "[08S01] [FreeTDS][SQL Server]Write to the server failed (20006) (SQLExecDirectW)"
+        )
+        if "CHANGETABLE" in text
+        else None
+    )
+    with pytest.raises(SourceUnavailable, match="20006"):
+        await source.read_changes(info, 5, limit=10)
+    # the transaction is rolled back, and the connection dropped (rolled back again, then closed)
+    assert fake.statements()[-4:] == ["CHANGES", "ROLLBACK", "ROLLBACK", "CLOSE"]
+    fake.fail = lambda text: None
+    assert (await source.read_changes(info, 5, limit=10)).next_version == 10
+    assert fake.connections == 2
+    await source.close()
+
+
+# -- snapshot ----------------------------------------------------------------------
+
+
+async def test_snapshot_reads_the_version_then_pages_in_one_transaction(fake: FakeOdbc) -> None:
+    source, info = await described(fake)
+    put(fake, [(i, f"{i}.00", "s", 2 * i) for i in range(1, 6)], [])
+    fake.log.clear()
+    pages = [page async for page in source.snapshot(info, page_size=2)]
+    assert [len(p.rows) for p in pages] == [2, 2, 1]
+    assert {p.version for p in pages} == {10} and pages[0].total == 5
+    assert [r["Id"] for p in pages for r in p.rows] == [1, 2, 3, 4, 5]
+    assert pages[0].rows[0] == {"Id": 1, "Price": Decimal("1.00"), "Status": "s", "Doubled": 2}
+    kinds = fake.statements()
+    assert kinds[:7] == ["READ COMMITTED", "ESTIMATE", "SNAPSHOT", "BEGIN", "CURRENT", "MIN_VALID", "PAGE"]
+    assert kinds[kinds.index("COMMIT") - 3 : kinds.index("COMMIT")] == ["PAGE", "PAGE", "PAGE"]
+    assert "SNAPSHOT" not in kinds[4:] and "BEGIN" not in kinds[4:]
+    assert kinds[-1] == "CLOSE"
+    await source.close()
+
+
+async def test_snapshot_of_an_empty_table_still_gives_its_version(fake: FakeOdbc) -> None:
+    source, info = await described(fake)
+    pages = [page async for page in source.snapshot(info, page_size=100)]
+    assert [(p.version, p.rows) for p in pages] == [(10, [])]
+    await source.close()
+
+
+async def test_an_abandoned_snapshot_rolls_back_and_closes_its_connection(fake: FakeOdbc) -> None:
+    source, info = await described(fake)
+    put(fake, [(i, "1.00", "s", 2) for i in range(1, 6)], [])
+    snapshot = source.snapshot(info, page_size=2)
+    await snapshot.__anext__()
+    await snapshot.aclose()
+    assert fake.statements()[-2:] == ["ROLLBACK", "CLOSE"]
+    assert "COMMIT" not in fake.statements()
+    await source.close()
+
+
+# -- tracking set-up, status, doctor ------------------------------------------------
+
+
+async def test_enable_sets_everything_that_is_off(fake: FakeOdbc) -> None:
+    fake.database = ("CdcDemo", 0, "OFF", None, None, None, None)
+    fake.tracking = []
+    source = MssqlSource(CONFIG, connector=fake.connect)
+    done = await source.tracking_enable([table_config()])
+    alters = [text for text, _ in fake.log if text.startswith("ALTER")]
+    assert alters == [
+        "ALTER DATABASE CURRENT SET ALLOW_SNAPSHOT_ISOLATION ON",
+        "ALTER DATABASE CURRENT SET CHANGE_TRACKING = ON (CHANGE_RETENTION = 2 DAYS, AUTO_CLEANUP = ON)",
+        "ALTER TABLE [dbo].[Forecasts] ENABLE CHANGE_TRACKING WITH (TRACK_COLUMNS_UPDATED = ON)",
+    ]
+    assert any("dbo.Forecasts" in line for line in done)
+    await source.close()
+
+
+async def test_enable_lengthens_a_short_retention_and_leaves_tracked_tables(fake: FakeOdbc) -> None:
+    fake.database = ("CdcDemo", 1, "ON", 10, 12, 2, 1)  # 12 HOURS
+    source = MssqlSource(CONFIG, connector=fake.connect)
+    done = await source.tracking_enable([table_config()])
+    alters = [text for text, _ in fake.log if text.startswith("ALTER")]
+    assert alters == ["ALTER DATABASE CURRENT SET CHANGE_TRACKING (CHANGE_RETENTION = 2 DAYS)"]
+    assert "dbo.Forecasts: already tracked" in done
+    await source.close()
+
+
+async def test_enable_on_a_table_without_primary_key_names_it(fake: FakeOdbc) -> None:
+    fake.tracking = []
+    fake.fail = lambda text: (
+        pyodbc.ProgrammingError(
+            "42000",
+            "[42000] [FreeTDS][SQL Server]Cannot enable change tracking on table 'Forecasts'. Change tracking "
+            "requires a primary key on the table. (4997) (SQLExecDirectW)",
+        )
+        if text.startswith("ALTER TABLE")
+        else None
+    )
+    source = MssqlSource(CONFIG, connector=fake.connect)
+    with pytest.raises(SchemaError, match=r"dbo\.Forecasts.*primary key"):
+        await source.tracking_enable([table_config()])
+    await source.close()
+
+
+async def test_status_and_disable(fake: FakeOdbc) -> None:
+    source = MssqlSource(CONFIG, connector=fake.connect)
+    [status] = await source.tracking_status([table_config()])
+    assert status.enabled and status.current_version == 10 and status.min_valid_version == 0
+    assert "TRACK_COLUMNS_UPDATED = ON" in status.detail
+    done = await source.tracking_disable([table_config()])
+    assert "ALTER TABLE [dbo].[Forecasts] DISABLE CHANGE_TRACKING" in [t for t, _ in fake.log]
+    assert done[0] == "dbo.Forecasts: change tracking disabled"
+    assert await source.cleanup(3600) == 0
+    await source.close()
+
+
+async def test_doctor_finds_what_will_go_wrong(fake: FakeOdbc) -> None:
+    fake.database = ("CdcDemo", 0, "OFF", 10, 30, 1, 0)  # snapshot off, 30 minutes, no cleanup
+    fake.permissions = (1, 0)
+    fake.tracking = [(0, 0)]
+    source = MssqlSource(CONFIG, connector=fake.connect)
+    findings = await source.doctor([table_config()])
+    text = [(f.level, f.subject, f.message) for f in findings]
+    assert ("error", "snapshot isolation") in [(lv, s) for lv, s, _ in text]
+    assert any(lv == "warning" and "30 MINUTES" in m for lv, _, m in text)
+    assert any(lv == "warning" and "AUTO_CLEANUP is OFF" in m for lv, _, m in text)
+    assert any(lv == "error" and "VIEW CHANGE TRACKING" in m and "GRANT" in m for lv, _, m in text)
+    assert any(lv == "warning" and "TRACK_COLUMNS_UPDATED is OFF" in m for lv, _, m in text)
+    await source.close()
+
+
+async def test_doctor_notices_a_schema_change(fake: FakeOdbc) -> None:
+    source, _ = await described(fake)
+    fake.catalog[1] = (2, "Price", "decimal", "decimal", 0, 13, 18, 4, 1, 0)
+    findings = await source.doctor([table_config()])
+    assert any(f.level == "warning" and "changed" in f.message for f in findings)
+    await source.close()
+
+
+async def test_wait_for_changes_sleeps_and_reports_nothing() -> None:
+    source = MssqlSource(CONFIG, connector=FakeOdbc().connect)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    assert await source.wait_for_changes(0.05) == set()
+    assert loop.time() - start >= 0.04
+    await source.close()
+
+
+# -- the docker compose demo (it cannot run here: its files are checked instead) -----
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO_ENV = {
+    "CDC_SOURCE_DSN": "DRIVER=FreeTDS;SERVER=mssql;PORT=1433;DATABASE=CdcDemo;UID=cdc_sidecar;PWD=x;TDS_Version=7.4",
+    "CDC_REDIS_URL": "redis://redis:6379/0",
+}
+
+
+def init_batches() -> list[str]:
+    """docker/mssql-init.sql split into sqlcmd batches, its $(CDC_PASSWORD) variable filled in."""
+    text = (ROOT / "docker" / "mssql-init.sql").read_text().replace("$(CDC_PASSWORD)", "pw")
+    return [b for b in re.split(r"(?im)^\s*GO\s*$", text) if b.strip()]
+
+
+def test_the_init_script_parses_and_sets_everything_up() -> None:
+    trees = [
+        tree for batch in init_batches() for tree in sqlglot.parse(batch, read="tsql") if tree is not None
+    ]
+    text = " ".join(" ".join(b.split()) for b in init_batches())
+    for needed in (
+        "CREATE DATABASE CdcDemo",
+        "ALTER DATABASE CdcDemo SET ALLOW_SNAPSHOT_ISOLATION ON",
+        "ALTER DATABASE CdcDemo SET CHANGE_TRACKING = ON (CHANGE_RETENTION = 2 DAYS, AUTO_CLEANUP = ON)",
+        "ALTER TABLE dbo.Forecasts ENABLE CHANGE_TRACKING WITH (TRACK_COLUMNS_UPDATED = ON)",
+        "CREATE LOGIN cdc_sidecar WITH PASSWORD = N'pw'",
+        "CREATE USER cdc_sidecar FOR LOGIN cdc_sidecar",
+        "GRANT SELECT ON dbo.Forecasts TO cdc_sidecar",
+        "GRANT VIEW CHANGE TRACKING ON dbo.Forecasts TO cdc_sidecar",
+    ):
+        assert needed in text
+    [create] = [c for t in trees for c in t.find_all(exp.Create) if c.kind == "TABLE"]
+    assert create.this.this.name == "Forecasts"
+    columns = [c.name for c in create.find_all(exp.ColumnDef)]
+    assert columns == ["Id", "RegionId", "Price", "ValidFrom", "ValidTo", "Status"]
+    assert "PRIMARY KEY" in create.sql("tsql")
+
+
+def test_the_demo_config_loads_and_matches_the_init_script() -> None:
+    config = load_config(ROOT / "docker" / "tables.yaml", environ=DEMO_ENV)
+    assert config.source.kind == "mssql" and config.source.dsn == DEMO_ENV["CDC_SOURCE_DSN"]
+    assert config.redis.url == "redis://redis:6379/0"
+    assert config.worker.health == ("0.0.0.0", 9478)
+    [table] = config.tables
+    assert table.table == "dbo.Forecasts" and table.section == "forecasts"
+    assert table.columns == ("Id", "RegionId", "Price", "ValidFrom", "ValidTo", "Status")
+    assert table.key is not None and table.key.columns == ("Id",)  # templates use primary-key columns only
+
+
+def test_compose_wires_sql_server_redis_the_init_job_and_the_sidecar() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert set(services) == {"mssql", "mssql-init", "redis", "cdc"}
+    mssql = services["mssql"]
+    assert mssql["image"] == "mcr.microsoft.com/mssql/server:2022-latest"
+    assert mssql["environment"]["ACCEPT_EULA"] == "Y"
+    assert mssql["environment"]["MSSQL_SA_PASSWORD"].startswith("${MSSQL_SA_PASSWORD:-")
+    health = " ".join(mssql["healthcheck"]["test"])
+    assert "/opt/mssql-tools18/bin/sqlcmd -C" in health and "$$MSSQL_SA_PASSWORD" in health
+    init = services["mssql-init"]
+    assert init["depends_on"] == {"mssql": {"condition": "service_healthy"}}
+    assert "./docker/mssql-init.sql:/init/mssql-init.sql:ro" in init["volumes"]
+    command = " ".join(init["entrypoint"])
+    assert "/opt/mssql-tools18/bin/sqlcmd -C -S mssql" in command and "-i /init/mssql-init.sql" in command
+    assert "-b" in command.split() and "CDC_PASSWORD=" in command
+    assert services["redis"]["image"] == "redis:7" and "noeviction" in services["redis"]["command"]
+    cdc = services["cdc"]
+    assert cdc["build"] == "."
+    assert cdc["depends_on"] == {
+        "mssql-init": {"condition": "service_completed_successfully"},
+        "redis": {"condition": "service_healthy"},
+    }
+    assert {"CDC_SOURCE_DSN", "CDC_REDIS_URL"} <= set(cdc["environment"])
+    dsn = parse_dsn(cdc["environment"]["CDC_SOURCE_DSN"])
+    assert (dsn["DRIVER"], dsn["SERVER"], dsn["DATABASE"], dsn["UID"]) == (
+        "FreeTDS",
+        "mssql",
+        "CdcDemo",
+        "cdc_sidecar",
+    )
+    assert dsn["PWD"] == "${CDC_MSSQL_PASSWORD:-Local-Only-Cdc-Passw0rd}"
+    assert init["environment"]["CDC_MSSQL_PASSWORD"] == dsn["PWD"]  # the login the init script creates
+    mount = "./docker/tables.yaml:/etc/cdc/tables.yaml:ro"
+    assert mount in cdc["volumes"]
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert 'CMD ["run", "-c", "/etc/cdc/tables.yaml"]' in dockerfile
+
+
+def test_the_dockerfile() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    stages = re.findall(r"(?m)^FROM (\S+)", text)
+    assert stages == ["python:3.11-slim", "python:3.11-slim"]  # multi-stage: wheels, then the runtime
+    assert "pip wheel --wheel-dir /wheels ." in text
+    assert re.search(r"apt-get install -y --no-install-recommends unixodbc tdsodbc", text)
+    user = re.findall(r"(?m)^USER (\S+)", text)
+    assert user and user[-1].split(":")[0] not in ("root", "0")
+    health = re.search(r"(?m)^HEALTHCHECK .*\n\s+CMD (.*)$", text)
+    assert (
+        health and "urllib.request" in health.group(1) and "http://127.0.0.1:9478/healthz" in health.group(1)
+    )
+    assert "curl" not in text.split("HEALTHCHECK")[1]
+    assert 'ENTRYPOINT ["cdc"]' in text
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".git", ".venv", "tests"} <= set(ignored)
