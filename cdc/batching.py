@@ -1,0 +1,172 @@
+"""The AutoBatchWorker: a bounded queue of changes, applied in batches.
+
+- Producers (the trackers) ``await put(...)``; when ``capacity`` changes are
+  queued they wait: backpressure instead of unbounded memory.
+- The applier takes whatever is queued, up to ``max_batch_size``, and applies
+  it at once: a change alone in the queue is never held back waiting for a
+  full batch; while one batch is in flight the next one fills up, so batches
+  grow with the load by themselves. ``max_wait`` is only an upper bound: a
+  batch is closed after it even if producers keep trickling changes in.
+- One applier, in queue order: each table's changes reach Redis in the order
+  they were read, which keeps per-partition version order.
+- A batch that fails on a transient Redis error is retried, whole, with
+  exponential backoff and jitter, for as long as the outage lasts (replays are
+  harmless under the apply rule). Content failures are isolated by the data
+  manager, which dead-letters the poison change and applies the rest.
+- Every change belongs to a ``Ticket``: the set of changes one read produced.
+  A ticket completes when all its changes are applied; only then may the
+  tracker advance its checkpoint past that read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential, wait_random
+
+from cdc.errors import TransientError
+from publishers.model import ApplyResult, Change
+
+log = logging.getLogger("cdc.batching")
+
+ApplyFn = Callable[[Sequence[Change]], Awaitable[ApplyResult]]
+
+
+@dataclass(eq=False)
+class Ticket:
+    """Changes of one read; ``done`` once every one of them is applied."""
+
+    version: int
+    pending: int = 0
+    sealed: bool = False
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def add(self) -> None:
+        self.pending += 1
+
+    def seal(self) -> None:
+        """No more changes will be added: complete now if nothing is pending."""
+        self.sealed = True
+        if self.pending == 0:
+            self.done.set()
+
+    def applied(self, count: int = 1) -> None:
+        self.pending -= count
+        if self.pending == 0 and self.sealed:
+            self.done.set()
+
+
+@dataclass
+class BatchStats:
+    batches: int = 0
+    changes: int = 0
+    retries: int = 0
+    last_batch_size: int = 0
+    last_latency: float = 0.0
+
+
+class AutoBatchWorker:
+    def __init__(
+        self,
+        apply: ApplyFn,
+        *,
+        max_batch_size: int = 500,
+        max_wait: float = 0.1,
+        capacity: int = 10_000,
+        on_result: Callable[[Sequence[Change], ApplyResult, float], None] | None = None,
+        on_degraded: Callable[[BaseException | None], None] | None = None,
+    ) -> None:
+        self._apply = apply
+        self.max_batch_size = max_batch_size
+        self.max_wait = max_wait
+        self._queue: asyncio.Queue[tuple[Change, Ticket]] = asyncio.Queue(capacity)
+        self._on_result = on_result
+        self._on_degraded = on_degraded
+        self.stats = BatchStats()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The applier; the daemon watches it so that a crash of it is not silent."""
+        return self._task
+
+    @property
+    def depth(self) -> int:
+        return self._queue.qsize()
+
+    async def put(self, change: Change, ticket: Ticket) -> None:
+        ticket.add()
+        await self._queue.put((change, ticket))
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="auto-batch-worker")
+
+    async def drain(self) -> None:
+        """Wait until every queued change is applied (the final flush)."""
+        await self._queue.join()
+
+    async def stop(self) -> None:
+        """Flush what is queued, then stop the applier."""
+        if self._task is None:
+            return
+        if not self._task.done():
+            await self.drain()
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+        self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            batch = await self._next_batch()
+            try:
+                await self._apply_with_retry([change for change, _ in batch])
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+            for _, ticket in batch:
+                ticket.applied()
+
+    async def _next_batch(self) -> list[tuple[Change, Ticket]]:
+        batch = [await self._queue.get()]
+        deadline = time.monotonic() + self.max_wait
+        while len(batch) < self.max_batch_size and not self._queue.empty():
+            batch.append(self._queue.get_nowait())
+            if time.monotonic() > deadline:
+                break
+        return batch
+
+    async def _apply_with_retry(self, changes: list[Change]) -> None:
+        started = time.monotonic()
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(TransientError),
+            wait=wait_exponential(multiplier=0.05, max=5.0) + wait_random(0, 0.1),
+            before_sleep=self._before_retry,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                result = await self._apply(changes)
+        if self.stats.retries and self._on_degraded is not None:
+            self._on_degraded(None)
+        latency = time.monotonic() - started
+        self.stats.batches += 1
+        self.stats.changes += len(changes)
+        self.stats.last_batch_size = len(changes)
+        self.stats.last_latency = latency
+        if self._on_result is not None:
+            self._on_result(changes, result, latency)
+
+    def _before_retry(self, state: object) -> None:
+        self.stats.retries += 1
+        outcome = getattr(state, "outcome", None)
+        error = outcome.exception() if outcome is not None else None
+        log.warning("applying a batch failed, retrying", extra={"error": str(error)})
+        if self._on_degraded is not None:
+            self._on_degraded(error)

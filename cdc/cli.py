@@ -1,0 +1,151 @@
+"""The command line of DESIGN.md §6.
+
+Exit codes: 0 ok, 1 failure while running, 2 bad config or usage, 3 cannot
+connect. Every CdcError carries its code; click's own usage errors exit 2.
+The commands are thin: they load the config and call into ``cdc.commands``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import click
+
+from cdc import __version__
+from cdc.config import Config, load_config
+from cdc.errors import CdcError
+from cdc.logs import redact, setup_logging
+
+T = TypeVar("T")
+log = logging.getLogger("cdc.cli")
+
+config_option = click.option(
+    "-c",
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The YAML file that registers the tables.",
+)
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro``; map a CdcError to its message on stderr and its exit code."""
+    try:
+        return asyncio.run(coro)
+    except CdcError as exc:
+        click.echo(f"error: {redact(str(exc))}", err=True)
+        sys.exit(exc.exit_code)
+
+
+def _load(path: str) -> Config:
+    try:
+        return load_config(path)
+    except CdcError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="cdc")
+@click.option("--log-level", default="INFO", show_default=True, help="DEBUG, INFO, WARNING or ERROR.")
+@click.option("--json-logs/--text-logs", default=None, help="Default: JSON unless stderr is a terminal.")
+def cli(log_level: str, json_logs: bool | None) -> None:
+    """cdc-sync: mirror SQL Server / PostgreSQL tables into Redis, change by change."""
+    setup_logging(log_level, json_logs)
+
+
+@cli.command()
+@config_option
+@click.option("--once", is_flag=True, help="Catch every table up, then exit 0.")
+def run(config_path: str, once: bool) -> None:
+    """Run the sidecar."""
+    from cdc.commands import run_daemon
+
+    sys.exit(_run(run_daemon(_load(config_path), once=once)))
+
+
+@cli.command()
+@config_option
+def validate(config_path: str) -> None:
+    """Check the file, the connections, the tables and their tracking."""
+    from cdc.commands import validate as do_validate
+
+    sys.exit(_run(do_validate(_load(config_path))))
+
+
+@cli.command()
+@click.argument("action", type=click.Choice(["enable", "disable", "status"]))
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def tracking(action: str, config_path: str, as_json: bool) -> None:
+    """Set up (enable), remove (disable) or show (status) change tracking on the source."""
+    from cdc.commands import tracking as do_tracking
+
+    sys.exit(_run(do_tracking(_load(config_path), action, as_json=as_json)))
+
+
+@cli.command()
+@config_option
+@click.option("--table", "table", default=None, help="schema.table; default: every table.")
+def snapshot(config_path: str, table: str | None) -> None:
+    """Re-snapshot a table (or all)."""
+    from cdc.commands import snapshot as do_snapshot
+
+    sys.exit(_run(do_snapshot(_load(config_path), table)))
+
+
+@cli.command()
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def status(config_path: str, as_json: bool) -> None:
+    """Per table: checkpoint, source version, lag, state; and the workers' heartbeats."""
+    from cdc.commands import status as do_status
+
+    sys.exit(_run(do_status(_load(config_path), as_json=as_json)))
+
+
+@cli.command()
+@config_option
+@click.option("--partition", required=True, help="The partition value to follow.")
+@click.option("--section", default=None, help="Only this section's messages.")
+@click.option("--from-seq", type=int, default=None, help="Start after this seq (default: now).")
+def subscribe(config_path: str, partition: str, section: str | None, from_seq: int | None) -> None:
+    """Print change messages as JSON lines, catching up from the stream."""
+    from cdc.commands import subscribe as do_subscribe
+
+    sys.exit(_run(do_subscribe(_load(config_path), partition, section, from_seq)))
+
+
+@cli.command()
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def doctor(config_path: str, as_json: bool) -> None:
+    """Find what will go wrong: retention, eviction policy, snapshot isolation, permissions."""
+    from cdc.commands import doctor as do_doctor
+
+    sys.exit(_run(do_doctor(_load(config_path), as_json=as_json)))
+
+
+@cli.command()
+@click.option("--dir", "directory", default=".demo", show_default=True, help="Where servers and files live.")
+@click.option("--rate", default=20.0, show_default=True, help="Writer transactions per second.")
+@click.option("--duration", default=None, type=float, help="Stop after this many seconds.")
+def demo(directory: str, rate: float, duration: float | None) -> None:
+    """The embedded default: local PostgreSQL and Redis, demo tables, the sidecar,
+    a writer and a live view. Ctrl-C stops everything."""
+    from cdc.demo import run_demo
+
+    sys.exit(_run(run_demo(directory, rate=rate, duration=duration)))
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,298 @@
+"""What the command line's commands do, as coroutines returning an exit code."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+
+from cdc.config import Config
+from cdc.daemon import Daemon
+from cdc.errors import CdcError, ConfigError, TransientError
+from cdc.sources import make_source
+from cdc.sources.base import ChangeSource, Finding
+from publishers import control
+from publishers.manager import DataManager
+
+
+async def run_daemon(config: Config, *, once: bool = False) -> int:
+    daemon = Daemon(config)
+    daemon.install_signal_handlers()
+    await daemon.run(once=once)
+    return 0
+
+
+@asynccontextmanager
+async def connected(
+    config: Config, *, redis: bool = True
+) -> AsyncIterator[tuple[ChangeSource, DataManager | None]]:
+    """The source (and Redis), connected; closed on the way out."""
+    source = make_source(config.source)
+    await source.connect()
+    manager = None
+    try:
+        if redis:
+            manager = await DataManager.connect(config.redis)
+        yield source, manager
+    finally:
+        await source.close()
+        if manager is not None:
+            await manager.close()
+
+
+def _print(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+# -- validate ------------------------------------------------------------------
+
+
+async def validate(config: Config) -> int:
+    """The file already parsed; now the connections, the tables, their tracking."""
+    from cdc.mapping import TableMapper
+
+    worst = 0
+    async with connected(config) as (source, _):
+        _print(
+            f"ok    {config.path}: {len(config.tables)} table(s), source {config.source.kind}, Redis reachable"
+        )
+        for table in config.tables:
+            try:
+                info = await source.describe(table)
+                TableMapper(table, info, config.worker.max_row_bytes)
+                await source.read_changes(info, await source.current_version(), limit=1)
+            except CdcError as exc:
+                worst = max(worst, exc.exit_code)
+                _print(f"error {table.table} ({config.path}:{table.line}): {exc}")
+                continue
+            key = ", ".join(info.primary_key)
+            _print(f"ok    {table.table}: key ({key}), {len(info.columns)} column(s), tracking on")
+    return worst
+
+
+# -- tracking ------------------------------------------------------------------
+
+
+async def tracking(config: Config, action: str, *, as_json: bool = False) -> int:
+    async with connected(config, redis=False) as (source, _):
+        if action == "enable":
+            for line in await source.tracking_enable(config.tables):
+                _print(line)
+        elif action == "disable":
+            for line in await source.tracking_disable(config.tables):
+                _print(line)
+        statuses = await source.tracking_status(config.tables)
+    if as_json:
+        _print(orjson.dumps([s.__dict__ for s in statuses]).decode())
+    elif action == "status":
+        for s in statuses:
+            state = "enabled " if s.enabled else "DISABLED"
+            _print(
+                f"{state} {s.table}  min_valid={s.min_valid_version}  current={s.current_version}  {s.detail}"
+            )
+    return 0 if all(s.enabled for s in statuses) or action == "disable" else 1
+
+
+# -- snapshot ------------------------------------------------------------------
+
+
+async def snapshot(config: Config, table: str | None) -> int:
+    """Re-snapshot now. A running sidecar that owns the table is asked to do it
+    (so the snapshot never races its own streaming); otherwise it runs here."""
+    tables = [config.table(table)] if table else list(config.tables)
+    async with connected(config) as (_, manager):
+        assert manager is not None
+        owners = await control.table_owners(manager, [t.table for t in tables])
+        remote = [t for t in tables if t.table in owners]
+        for t in remote:
+            await control.request_snapshot(manager, t.table)
+            _print(f"asked worker {owners[t.table]} to re-snapshot {t.table}")
+        for t in remote:
+            if not await _wait_snapshot_done(manager, t.table, owners[t.table]):
+                _print(f"worker {owners[t.table]} is gone; snapshotting {t.table} here")
+                remote.remove(t)
+    local = [t for t in tables if t not in remote]
+    if local:
+        await _snapshot_here(config, [t.table for t in local])
+    return 0
+
+
+async def _wait_snapshot_done(manager: DataManager, table: str, owner: str) -> bool:
+    """Wait for the owner to pick the request up and finish; False if it died first."""
+    while await control.snapshot_requested(manager, table):
+        if not await control.worker_alive(manager, owner):
+            await control.clear_snapshot_request(manager, table)
+            return False
+        await asyncio.sleep(0.2)
+    while True:
+        checkpoint = await manager.get_checkpoint(table)
+        if checkpoint is not None and checkpoint.state == "streaming":
+            _print(f"snapshot of {table} done at version {checkpoint.version}")
+            return True
+        await asyncio.sleep(0.2)
+
+
+async def _snapshot_here(config: Config, tables: list[str]) -> None:
+    """Snapshot in this process, under each table's lease (so that a sidecar
+    starting meanwhile waits for it, and cannot be overwritten by it)."""
+    from cdc.progress import SnapshotProgressView
+    from publishers.leases import Leases
+
+    daemon = Daemon(config, worker_id=f"cdc-snapshot-{os.getpid()}")
+    await daemon.startup_for_tools()
+    leases = Leases(daemon.manager, daemon.worker_id, config.worker.lease_ttl)
+    try:
+        chosen = [t for t in daemon.trackers if t.table in tables]
+        for tracker in chosen:
+            token = await leases.acquire(tracker.table)
+            if token is None:
+                raise CdcError(
+                    f"{tracker.table} is owned by sidecar {await leases.holder(tracker.table)}; retry"
+                )
+            await tracker.start(token)
+        with SnapshotProgressView(chosen) as view:
+            for tracker in chosen:
+                await tracker.snapshot("requested by cdc snapshot")
+                view.refresh()
+        for tracker in chosen:
+            _print(f"snapshot of {tracker.table}: {tracker.progress.rows} rows, version {tracker.applied}")
+    finally:
+        for table in list(leases.tokens):
+            await leases.release(table)
+        await daemon.worker.stop()
+        await daemon.close()
+
+
+# -- status --------------------------------------------------------------------
+
+
+async def status(config: Config, *, as_json: bool = False) -> int:
+    async with connected(config) as (source, manager):
+        assert manager is not None
+        try:
+            current: int | None = await source.current_version()
+        except TransientError:
+            current = None
+        rows = []
+        for table in config.tables:
+            checkpoint = await manager.get_checkpoint(table.table)
+            version = checkpoint.version if checkpoint else None
+            rows.append(
+                {
+                    "table": table.table,
+                    "state": checkpoint.state if checkpoint else "no checkpoint",
+                    "checkpoint": version,
+                    "source_version": current,
+                    "lag_versions": None if version is None or current is None else max(0, current - version),
+                    "updated_at": checkpoint.updated_at if checkpoint else None,
+                    "snapshot": await control.snapshot_progress(manager, table.table),
+                }
+            )
+        workers = await control.workers(manager)
+    if as_json:
+        _print(orjson.dumps({"tables": rows, "workers": workers}).decode())
+    else:
+        _print_status(rows, workers)
+    return 0
+
+
+def _print_status(rows: list[dict[str, Any]], workers: list[dict[str, str]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title="tables")
+    for column in ("table", "state", "checkpoint", "source", "lag (versions)", "updated", "snapshot"):
+        table.add_column(column)
+    for row in rows:
+        snap = row["snapshot"] or {}
+        progress = f"{snap.get('rows', '')}/{snap.get('total', '?')}" if snap else ""
+        table.add_row(
+            row["table"],
+            row["state"],
+            str(row["checkpoint"]),
+            str(row["source_version"]),
+            str(row["lag_versions"]),
+            str(row["updated_at"] or ""),
+            progress,
+        )
+    console.print(table)
+    wtable = Table(title="workers")
+    for column in ("worker", "tables", "applied", "queue", "heartbeat age (s)"):
+        wtable.add_column(column)
+    for worker in workers:
+        wtable.add_row(
+            worker.get("id", ""),
+            worker.get("tables", ""),
+            worker.get("applied", ""),
+            worker.get("queue_depth", ""),
+            worker.get("age", ""),
+        )
+    console.print(wtable)
+
+
+# -- subscribe -----------------------------------------------------------------
+
+
+async def subscribe(config: Config, partition: str, section: str | None, from_seq: int | None) -> int:
+    from publishers.subscriber import Subscriber
+
+    manager = await DataManager.connect(config.redis)
+    try:
+        subscriber = Subscriber(manager.client, config.redis.namespace, partition, section, from_seq)
+        async for message in subscriber:
+            _print(orjson.dumps(message).decode())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        pass
+    finally:
+        await manager.close()
+    return 0
+
+
+# -- doctor --------------------------------------------------------------------
+
+
+async def doctor(config: Config, *, as_json: bool = False) -> int:
+    findings: list[Finding] = []
+    async with connected(config) as (source, manager):
+        assert manager is not None
+        findings += await source.doctor(config.tables)
+        findings += await control.doctor(manager)
+        findings += await _retention_findings(config, manager)
+    if as_json:
+        _print(orjson.dumps([f.__dict__ for f in findings]).decode())
+    else:
+        for f in findings:
+            _print(f"{f.level:<7} {f.subject}: {f.message}")
+    return 1 if any(f.level == "error" for f in findings) else 0
+
+
+async def _retention_findings(config: Config, manager: DataManager) -> list[Finding]:
+    """A checkpoint older than the retention will expire: re-snapshot ahead."""
+    if config.source.kind != "postgres":
+        return []
+    out = []
+    now = dt.datetime.now(dt.UTC)
+    for table in config.tables:
+        checkpoint = await manager.get_checkpoint(table.table)
+        if checkpoint is None:
+            out.append(Finding("warning", table.table, "no checkpoint yet: the first run will snapshot it"))
+            continue
+        try:
+            age = (now - dt.datetime.fromisoformat(checkpoint.updated_at)).total_seconds()
+        except ValueError as exc:
+            raise ConfigError(f"{table.table}: unreadable checkpoint time {checkpoint.updated_at!r}") from exc
+        if age > config.source.retention:
+            out.append(Finding("error", table.table, f"checkpoint is {age:.0f}s old, beyond retention"))
+        elif age > config.source.retention / 2:
+            out.append(
+                Finding("warning", table.table, f"checkpoint is {age:.0f}s old, over half the retention")
+            )
+    return out

@@ -1,0 +1,87 @@
+"""From source rows to ``Change`` items: partition, section and key from their
+templates, the operations filter, the column projection, the encoding.
+
+One ``TableMapper`` per registered table, built once the source has described
+the table (templates are checked against its primary key there).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cdc.config import TableConfig
+from cdc.errors import PoisonChange
+from cdc.sources.base import ChangeRow, TableInfo
+from cdc.templates import Template
+from cdc.values import encode_value
+from publishers.model import Change
+
+
+class TableMapper:
+    def __init__(self, config: TableConfig, info: TableInfo, max_row_bytes: int) -> None:
+        self.config = config
+        self.info = info
+        self.max_row_bytes = max_row_bytes
+        self.key_template = config.key or Template.join(info.primary_key)
+        for what, template in (("partition", config.partition), ("key", self.key_template)):
+            try:
+                template.check_columns(info.primary_key)
+            except ValueError as exc:
+                raise config.error(what, str(exc)) from None
+        self.columns = info.column_names
+        self.fence = 0  # the lease's fencing token, carried by every change
+
+    @property
+    def table(self) -> str:
+        return self.config.table
+
+    def from_row(self, row: ChangeRow) -> Change | None:
+        """The change for a net change row, or None when its operation is not published."""
+        if row.op not in self.config.operations:
+            return None
+        values = None if row.op == "D" or row.values is None else self.encode(row.values, row.key)
+        return self._change(row.key, row.op if values is not None else "D", row.version, values)
+
+    def from_snapshot(self, values: dict[str, Any], version: int) -> Change:
+        """A snapshot row. ``reset``: a snapshot is the truth as of ``version``,
+        even over documents left with higher versions by a source that went
+        back in time (restore, failover)."""
+        key = {column: values[column] for column in self.info.primary_key}
+        return self._change(key, "S", version, self.encode(values, key), reset=True)
+
+    def delete(self, partition: str, key: str, version: int) -> Change:
+        """Removes a document whose row a re-snapshot did not find."""
+        return Change(
+            self.table, partition, self.config.section, key, "D", version, None, reset=True, fence=self.fence
+        )
+
+    def encode(self, values: dict[str, Any], key: dict[str, Any]) -> dict[str, bytes]:
+        encoded: dict[str, bytes] = {}
+        size = 0
+        for column in self.columns:
+            text = encode_value(values.get(column), column)
+            size += len(text) + len(column)
+            encoded[column] = text
+        if size > self.max_row_bytes:
+            raise PoisonChange(
+                f"row {self.describe_key(key)} is {size} bytes encoded, over max_row_bytes={self.max_row_bytes}"
+            )
+        return encoded
+
+    def describe_key(self, key: dict[str, Any]) -> str:
+        return ", ".join(f"{column}={key.get(column)!r}" for column in self.info.primary_key)
+
+    def _change(
+        self, key: dict[str, Any], op: Any, version: int, values: dict[str, bytes] | None, reset: bool = False
+    ) -> Change:
+        return Change(
+            table=self.table,
+            partition=self.config.partition.render(key),
+            section=self.config.section,
+            key=self.key_template.render(key),
+            op=op,
+            version=version,
+            values=values,
+            reset=reset,
+            fence=self.fence,
+        )

@@ -1,0 +1,312 @@
+"""ChangeTracker: follows one table from its checkpoint.
+
+    run()          describe the table, snapshot if it has no checkpoint, then
+                   poll until stopped: read -> enqueue -> (later) checkpoint
+    poll()         one consistent read of the net changes since the read
+                   position, paged; every change goes to the AutoBatchWorker
+                   under one Ticket
+    snapshot()     full consistent read (initial, on TrackingExpired, or on
+                   demand), then a sweep that deletes the documents of rows
+                   the snapshot did not see, through ordinary delete changes
+    _checkpointer  persists a read's version only once every change of that
+                   read (and of every read before it) is applied
+
+Two positions are kept apart: ``position`` is where the next read starts
+(reads run ahead of Redis, bounded by the worker's queue), ``applied`` is what
+Redis holds and what the checkpoint stores. A crash between the two replays
+changes, which the apply rule makes harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+from cdc.backoff import EmptyPollBackoff
+from cdc.batching import AutoBatchWorker, Ticket
+from cdc.config import TableConfig
+from cdc.errors import PoisonChange, TrackingExpired, TransientError
+from cdc.mapping import TableMapper
+from cdc.metrics import Metrics
+from cdc.sources.base import ChangeRow, ChangeSource, TableInfo
+from publishers import control
+from publishers.manager import DataManager
+
+log = logging.getLogger("cdc.tracker")
+
+CHECKPOINT_INTERVAL = 1.0  # seconds between checkpoint writes of an idle table
+State = Literal["starting", "snapshotting", "streaming", "degraded", "stopped"]
+
+
+@dataclass
+class SnapshotProgress:
+    rows: int = 0
+    total: int | None = None
+    version: int | None = None
+
+
+class ChangeTracker:
+    def __init__(
+        self,
+        config: TableConfig,
+        *,
+        source: ChangeSource,
+        manager: DataManager,
+        worker: AutoBatchWorker,
+        metrics: Metrics,
+        page_size: int,
+        max_row_bytes: int,
+    ) -> None:
+        self.config = config
+        self.table = config.table
+        self.source = source
+        self.manager = manager
+        self.worker = worker
+        self.metrics = metrics
+        self.page_size = page_size
+        self.max_row_bytes = max_row_bytes
+        self.backoff = EmptyPollBackoff(config.backoff)
+        self.wake = asyncio.Event()
+        self.state: State = "starting"
+        self.position: int | None = None  # next read starts after this version
+        self.applied: int | None = None  # every change up to here is in Redis
+        self.source_version: int | None = None  # the bound of the latest read
+        self.caught_up = asyncio.Event()  # set once a read found nothing new and all is applied
+        self.progress = SnapshotProgress()
+        self.error: str | None = None
+        self._tickets: deque[tuple[Ticket, float]] = deque()
+        self._persisted: int | None = None
+        self._persisted_at = 0.0
+        self._mapper: TableMapper | None = None
+        self._info: TableInfo | None = None
+        self._snapshot_request: str | None = None
+        self.fence = 0  # fencing token of the lease this tracker works under
+        self.stop_event = asyncio.Event()
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def prepare(self) -> None:
+        """Resolve the table at the source (at start-up: a bad table fails fast)."""
+        self._info = await self.source.describe(self.config)
+        self._mapper = TableMapper(self.config, self._info, self.max_row_bytes)
+
+    async def start(self, fence: int = 0) -> None:
+        """Take the table on, holding a lease with fencing token ``fence`` (0:
+        unfenced), from its checkpoint as it is now in Redis: a previous owner
+        may have advanced it."""
+        assert self._mapper is not None, "prepare() first"
+        self.fence = self._mapper.fence = fence
+        self.stop_event = asyncio.Event()
+        self.caught_up.clear()
+        self._tickets.clear()
+        self.position = self.applied = self._persisted = None
+        checkpoint = await self.manager.get_checkpoint(self.table)
+        if checkpoint is not None and checkpoint.state == "streaming":
+            self.position = self.applied = self._persisted = checkpoint.version
+
+    def request_snapshot(self, reason: str) -> None:
+        """Re-snapshot at the next poll (``cdc snapshot`` asks through Redis)."""
+        if self._snapshot_request is None:
+            self._snapshot_request = reason
+            self.wake.set()
+
+    async def run(self, once: bool = False) -> None:
+        """Poll until ``stop_event`` is set (or, with ``once``, until caught up)."""
+        stop = self.stop_event
+        retry_delay = 0.5
+        while not stop.is_set():
+            try:
+                if self._snapshot_request is not None:
+                    await self.snapshot(self._snapshot_request)
+                    await control.clear_snapshot_request(self.manager, self.table)
+                    self._snapshot_request = None
+                elif self.position is None:
+                    await self.snapshot("no checkpoint yet")
+                found = await self.poll()
+                retry_delay = 0.5
+                self.error = None
+            except TrackingExpired as exc:
+                log.warning("re-snapshotting", extra={"table": self.table, "reason": exc.reason})
+                self.position = None
+                continue
+            except TransientError as exc:
+                self._degraded(exc)
+                await self._sleep(stop, retry_delay)
+                retry_delay = min(retry_delay * 2, 30.0)
+                continue
+            if not found and await self._all_applied():
+                self.caught_up.set()
+                if once:
+                    break
+            await self._wait(stop)
+        await self.flush()
+        self.state = "stopped"
+
+    async def flush(self) -> None:
+        """Persist the checkpoint of everything applied so far (shutdown)."""
+        await self._complete_tickets(block=False)
+        if self.applied is not None and self.applied != self._persisted:
+            await self._persist("streaming")
+
+    # -- polling ---------------------------------------------------------------
+
+    async def poll(self) -> bool:
+        """One consistent read of the changes since ``position``, paged.
+
+        Returns whether any change was found."""
+        assert self._info is not None and self.position is not None
+        self.wake.clear()
+        since = self.position
+        ticket = Ticket(version=since)
+        page = await self.source.read_changes(self._info, since, limit=self.page_size)
+        rows = 0
+        while True:
+            rows += len(page.rows)
+            await self._enqueue_rows(page.rows, ticket)
+            if not page.more:
+                break
+            page = await self.source.read_changes(
+                self._info, since, limit=self.page_size, upto=page.next_version, after=page.cursor
+            )
+        ticket.version = page.next_version
+        ticket.seal()
+        self._tickets.append((ticket, time.monotonic()))
+        self.position = max(self.position, page.next_version)
+        self.source_version = page.next_version
+        self.state = "streaming"
+        self.backoff.record(rows > 0)
+        self.metrics.changes_read.labels(self.table).inc(rows)
+        await self._complete_tickets(block=False)
+        return rows > 0
+
+    async def _enqueue_rows(self, rows: list[ChangeRow], ticket: Ticket) -> None:
+        assert self._mapper is not None
+        for row in rows:
+            try:
+                change = self._mapper.from_row(row)
+            except PoisonChange as exc:
+                await self._dead_letter(str(exc), {"key": {k: str(v) for k, v in row.key.items()}})
+                continue
+            if change is not None:
+                await self.worker.put(change, ticket)
+
+    async def _wait(self, stop: asyncio.Event) -> None:
+        self.metrics.backoff_step.labels(self.table).set(self.backoff.step)
+        delay = self.backoff.delay
+        if delay <= 0:
+            return
+        waiters = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(stop.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    @staticmethod
+    async def _sleep(stop: asyncio.Event, delay: float) -> None:
+        try:
+            await asyncio.wait_for(stop.wait(), delay)
+        except TimeoutError:
+            pass
+
+    # -- snapshot --------------------------------------------------------------
+
+    async def snapshot(self, reason: str) -> None:
+        """Load the whole table consistently, then delete what it no longer has."""
+        assert self._info is not None and self._mapper is not None
+        log.info("snapshot starting", extra={"table": self.table, "reason": reason})
+        self.state = "snapshotting"
+        self.caught_up.clear()
+        await self._complete_tickets(block=True)
+        await self.manager.set_checkpoint(self.table, self.applied or 0, "snapshotting", fence=self.fence)
+        self.progress = SnapshotProgress()
+        version = await self._load_snapshot()
+        if "D" in self.config.operations:
+            await self._sweep(version)
+        self.position = self.applied = version
+        await self._persist("streaming")
+        log.info("snapshot done", extra={"table": self.table, "rows": self.progress.rows, "version": version})
+
+    async def _load_snapshot(self) -> int:
+        assert self._info is not None and self._mapper is not None
+        ticket = Ticket(version=0)
+        version: int | None = None
+        async for page in self.source.snapshot(self._info, page_size=self.page_size):
+            version = ticket.version = page.version
+            self.progress.version, self.progress.total = version, page.total
+            for row in page.rows:
+                try:
+                    change = self._mapper.from_snapshot(row, page.version)
+                except PoisonChange as exc:
+                    key = {c: str(row.get(c)) for c in self._info.primary_key}
+                    await self._dead_letter(str(exc), {"key": key})
+                    continue
+                await self.worker.put(change, ticket)
+            self.progress.rows += len(page.rows)
+            self.metrics.snapshot_rows.labels(self.table).inc(len(page.rows))
+            await control.set_snapshot_progress(self.manager, self.table, self.progress.rows, page.total)
+        if version is None:
+            version = await self.source.current_version()
+        ticket.seal()
+        await ticket.done.wait()
+        return version
+
+    async def _sweep(self, version: int) -> None:
+        """Delete documents the snapshot did not write (rows gone meanwhile)."""
+        assert self._mapper is not None
+        ticket = Ticket(version=version)
+        async for partition, key in self.manager.stale_keys(self.config.section, version):
+            await self.worker.put(self._mapper.delete(partition, key, version), ticket)
+        ticket.seal()
+        await ticket.done.wait()
+
+    # -- checkpoints -----------------------------------------------------------
+
+    async def _all_applied(self) -> bool:
+        await self._complete_tickets(block=False)
+        return not self._tickets
+
+    async def _complete_tickets(self, block: bool) -> None:
+        """Advance ``applied`` over the finished reads at the head of the line."""
+        advanced = False
+        while self._tickets:
+            ticket, _ = self._tickets[0]
+            if not ticket.done.is_set():
+                if not block:
+                    break
+                await ticket.done.wait()
+            self._tickets.popleft()
+            self.applied = ticket.version
+            advanced = True
+        self._update_lag()
+        if advanced and time.monotonic() - self._persisted_at >= CHECKPOINT_INTERVAL:
+            await self._persist("streaming")
+
+    async def _persist(self, state: Literal["snapshotting", "streaming"]) -> None:
+        if self.applied is None:
+            return
+        await self.manager.set_checkpoint(self.table, self.applied, state, fence=self.fence)
+        self._persisted = self.applied
+        self._persisted_at = time.monotonic()
+
+    def _update_lag(self) -> None:
+        oldest = self._tickets[0][1] if self._tickets else None
+        self.metrics.lag_seconds.labels(self.table).set(time.monotonic() - oldest if oldest else 0.0)
+        if self.source_version is not None and self.applied is not None:
+            self.metrics.lag_versions.labels(self.table).set(max(0, self.source_version - self.applied))
+
+    # -- errors ----------------------------------------------------------------
+
+    async def _dead_letter(self, reason: str, payload: dict[str, object]) -> None:
+        log.error("change dead-lettered", extra={"table": self.table, "reason": reason})
+        self.metrics.dead_lettered.labels(self.table).inc()
+        await self.manager.dead_letter(None, reason, table=self.table, payload=payload)
+
+    def _degraded(self, exc: BaseException) -> None:
+        self.state = "degraded"
+        self.error = str(exc)
+        log.warning("table degraded, retrying", extra={"table": self.table, "error": str(exc)})

@@ -1,0 +1,134 @@
+"""The AutoBatchWorker and the empty-poll backoff, with an in-memory apply
+function (a real Redis adds nothing to what these check: queueing, batching,
+backpressure, retries and tickets)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+import pytest
+
+from cdc.backoff import EmptyPollBackoff
+from cdc.batching import AutoBatchWorker, Ticket
+from cdc.config import DEFAULT_BACKOFF
+from cdc.errors import RedisUnavailable
+from publishers.model import ApplyResult, Change
+
+
+def change(n: int, table: str = "dbo.T") -> Change:
+    return Change(table, "p", "s", str(n), "U", n, {"v": str(n).encode()})
+
+
+class Recorder:
+    def __init__(self, fail_times: int = 0, delay: float = 0.0) -> None:
+        self.batches: list[list[int]] = []
+        self.fail_times = fail_times
+        self.delay = delay
+        self.calls = 0
+
+    async def __call__(self, changes: Sequence[Change]) -> ApplyResult:
+        self.calls += 1
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.fail_times > 0:
+            self.fail_times -= 1
+            raise RedisUnavailable("connection refused")
+        self.batches.append([c.version for c in changes])
+        return ApplyResult(applied=len(changes))
+
+
+async def test_a_lone_change_is_applied_without_waiting_for_max_wait() -> None:
+    recorder = Recorder()
+    worker = AutoBatchWorker(recorder, max_batch_size=500, max_wait=30.0, capacity=100)
+    worker.start()
+    ticket = Ticket(version=1)
+    started = time.monotonic()
+    await worker.put(change(1), ticket)
+    ticket.seal()
+    await asyncio.wait_for(ticket.done.wait(), 5)
+    assert time.monotonic() - started < 1.0  # far below max_wait=30s
+    assert recorder.batches == [[1]]
+    await worker.stop()
+
+
+async def test_batches_fill_while_one_is_in_flight_and_never_exceed_max_size() -> None:
+    recorder = Recorder(delay=0.02)
+    worker = AutoBatchWorker(recorder, max_batch_size=50, max_wait=1.0, capacity=1000)
+    worker.start()
+    ticket = Ticket(version=500)
+    for n in range(1, 501):
+        await worker.put(change(n), ticket)
+    ticket.seal()
+    await asyncio.wait_for(ticket.done.wait(), 10)
+    await worker.stop()
+    flat = [v for batch in recorder.batches for v in batch]
+    assert flat == list(range(1, 501))  # every change once, in order
+    assert max(len(b) for b in recorder.batches) <= 50
+    assert len(recorder.batches) < 100  # batched, not one by one
+
+
+async def test_producers_wait_when_the_queue_is_full() -> None:
+    release = asyncio.Event()
+
+    async def blocked(changes: Sequence[Change]) -> ApplyResult:
+        await release.wait()
+        return ApplyResult(applied=len(changes))
+
+    worker = AutoBatchWorker(blocked, max_batch_size=1, max_wait=0.01, capacity=3)
+    worker.start()
+    ticket = Ticket(version=10)
+    for n in range(4):  # one in flight + three queued
+        await asyncio.wait_for(worker.put(change(n), ticket), 1)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(worker.put(change(99), ticket), 0.2)
+    release.set()
+    await asyncio.wait_for(worker.drain(), 5)
+    await worker.stop()
+
+
+async def test_transient_failures_are_retried_until_the_batch_applies() -> None:
+    recorder = Recorder(fail_times=3)
+    degraded: list[object] = []
+    worker = AutoBatchWorker(
+        recorder, max_batch_size=10, max_wait=0.01, capacity=10, on_degraded=degraded.append
+    )
+    worker.start()
+    ticket = Ticket(version=2)
+    await worker.put(change(1), ticket)
+    await worker.put(change(2), ticket)
+    ticket.seal()
+    await asyncio.wait_for(ticket.done.wait(), 10)
+    await worker.stop()
+    assert recorder.calls >= 4 and [v for b in recorder.batches for v in b] == [1, 2]
+    assert any(isinstance(e, RedisUnavailable) for e in degraded) and degraded[-1] is None
+    assert worker.stats.retries == 3
+
+
+async def test_a_ticket_completes_only_when_sealed_and_every_change_is_applied() -> None:
+    ticket = Ticket(version=7)
+    ticket.add()
+    ticket.add()
+    ticket.applied()
+    ticket.applied()
+    assert not ticket.done.is_set()  # not sealed: the read may still add changes
+    ticket.seal()
+    assert ticket.done.is_set()
+    empty = Ticket(version=8)
+    empty.seal()
+    assert empty.done.is_set()  # an empty read completes at once
+
+
+def test_backoff_follows_the_configured_steps_and_resets_on_changes() -> None:
+    backoff = EmptyPollBackoff(DEFAULT_BACKOFF)
+    delays = []
+    for _ in range(120):
+        backoff.record(found_changes=False)
+        delays.append(backoff.delay)
+    assert delays[0] == 0.05 and delays[4] == 0.05
+    assert delays[5] == 0.2 and delays[19] == 0.2
+    assert delays[20] == 1.0 and delays[99] == 1.0
+    assert delays[100] == 5.0 and delays[119] == 5.0
+    backoff.record(found_changes=True)
+    assert backoff.delay == 0.0 and backoff.step == -1

@@ -1,0 +1,180 @@
+"""The command line as a user runs it: real processes, real servers, exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis.asyncio as aioredis
+
+from cdc.daemon import Daemon
+from cdc.devservers import RedisServer, free_port
+from tests.e2e import assert_mirrored, create_tables, make_config, wait_for, write_config
+
+
+def cdc(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cdc.cli", "--text-logs", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+async def tracked(postgres_dsn: str, redis_url: str, pg_schema: str, namespace: str, tmp_path: Path) -> Path:
+    """A config file for two tracked tables with a few rows."""
+    await create_tables(postgres_dsn, pg_schema)
+    path = write_config(tmp_path / "tables.yaml", pg_schema, postgres_dsn, redis_url, namespace)
+    async with await psycopg.AsyncConnection.connect(postgres_dsn, autocommit=True) as conn:
+        await conn.execute(
+            f"insert into {pg_schema}.items (id, name, qty) select i, 'n' || i, i from generate_series(1, 30) i"
+        )
+        await conn.execute(f"insert into {pg_schema}.lines values (1, 1, 'a', 1), (1, 2, 'b', 2)")
+    assert cdc("tracking", "enable", "-c", str(path)).returncode == 0
+    return path
+
+
+def test_validate_reports_a_bad_file_with_file_line_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("source:\n  kind: postgres\n  dsn: x\ntables:\n  - table: dbo.T\n    max_batch: 3\n")
+    result = cdc("validate", "-c", str(path))
+    assert result.returncode == 2
+    assert f"{path}:6: tables[0].max_batch: unknown key" in result.stderr
+
+
+def test_validate_exits_3_when_the_source_cannot_be_reached(tmp_path: Path) -> None:
+    port = free_port()
+    path = tmp_path / "t.yaml"
+    path.write_text(
+        f"source:\n  kind: postgres\n  dsn: postgresql://u:s3cret@127.0.0.1:{port}/db\n  connect_timeout: 2s\n"
+        "tables:\n  - table: public.t\n"
+    )
+    result = cdc("validate", "-c", str(path))
+    assert result.returncode == 3, result.stderr
+    assert "s3cret" not in result.stderr + result.stdout
+    assert str(port) in result.stderr
+
+
+async def test_validate_accepts_tracked_tables_and_rejects_a_table_without_a_key(
+    tracked: Path, postgres_dsn: str, pg_schema: str
+) -> None:
+    ok = cdc("validate", "-c", str(tracked))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert f"{pg_schema}.items: key (id)" in ok.stdout
+    async with await psycopg.AsyncConnection.connect(postgres_dsn, autocommit=True) as conn:
+        await conn.execute(f"create table {pg_schema}.nokey (a int, b text)")
+    text = tracked.read_text() + f"  - table: {pg_schema}.nokey\n"
+    tracked.write_text(text)
+    bad = cdc("validate", "-c", str(tracked))
+    assert bad.returncode == 2
+    assert f"{pg_schema}.nokey" in bad.stdout and "primary key" in bad.stdout
+
+
+async def test_run_once_status_and_snapshot(
+    tracked: Path, postgres_dsn: str, pg_schema: str, redis_url: str, namespace: str
+) -> None:
+    run = cdc("run", "-c", str(tracked), "--once")
+    assert run.returncode == 0, run.stderr
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await assert_mirrored(postgres_dsn, pg_schema, client, namespace, timeout=5)
+        status = cdc("status", "-c", str(tracked), "--json")
+        assert status.returncode == 0, status.stderr
+        tables = {t["table"]: t for t in json.loads(status.stdout)["tables"]}
+        assert tables[f"{pg_schema}.items"]["state"] == "streaming"
+        assert tables[f"{pg_schema}.items"]["checkpoint"] <= tables[f"{pg_schema}.items"]["source_version"]
+        # A row deleted behind the tracking's back (tracking off for a moment) is
+        # removed by an on-demand re-snapshot, through an ordinary delete.
+        async with await psycopg.AsyncConnection.connect(postgres_dsn, autocommit=True) as conn:
+            await conn.execute(f"alter table {pg_schema}.items disable trigger user")
+            await conn.execute(f"delete from {pg_schema}.items where id <= 5")
+            await conn.execute(f"alter table {pg_schema}.items enable trigger user")
+        snap = cdc("snapshot", "-c", str(tracked), "--table", f"{pg_schema}.items")
+        assert snap.returncode == 0, snap.stderr
+        await assert_mirrored(postgres_dsn, pg_schema, client, namespace, timeout=5)
+    finally:
+        await client.aclose()
+
+
+async def test_subscribe_prints_json_lines_from_the_stream(tracked: Path, namespace: str) -> None:
+    assert cdc("run", "-c", str(tracked), "--once").returncode == 0
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cdc.cli",
+            "subscribe",
+            "-c",
+            str(tracked),
+            "--partition",
+            "orders",
+            "--from-seq",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        lines = [json.loads(proc.stdout.readline()) for _ in range(2)]
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
+    assert [m["seq"] for m in lines] == [1, 2]
+    assert {m["key"] for m in lines} == {"1-1", "1-2"} and all(m["section"] == "lines" for m in lines)
+
+
+async def test_doctor_warns_about_an_eviction_policy(tracked: Path, tmp_path: Path, redis_url: str) -> None:
+    lru = RedisServer(extra=("--maxmemory", "100mb")).start()
+    try:
+        import redis
+
+        redis.Redis(port=lru.port).config_set("maxmemory-policy", "allkeys-lru")
+        text = tracked.read_text().replace(redis_url, lru.url)
+        path = tmp_path / "lru.yaml"
+        path.write_text(text)
+        result = cdc("doctor", "-c", str(path))
+        assert "allkeys-lru" in result.stdout and "warning" in result.stdout
+    finally:
+        lru.cleanup()
+
+
+async def test_health_endpoints(postgres_dsn: str, redis_url: str, pg_schema: str, namespace: str) -> None:
+    await create_tables(postgres_dsn, pg_schema)
+    port = free_port()
+    config = make_config(pg_schema, postgres_dsn, redis_url, namespace, health=f"127.0.0.1:{port}")
+    daemon = Daemon(config)
+    await daemon.source.connect()
+    await daemon.source.tracking_enable(config.tables)
+    task = asyncio.create_task(daemon.run())
+    try:
+        await wait_for(lambda: _status(port, "/readyz", 200), 30, "/readyz to turn 200")
+        assert await _status(port, "/healthz", 200)
+        metrics = await asyncio.to_thread(_get, port, "/metrics")
+        assert b"cdc_changes_read_total" in metrics[1] and b"cdc_queue_depth" in metrics[1]
+    finally:
+        daemon.request_stop()
+        await task
+
+
+def _get(port: int, path: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except OSError:
+        return 0, b""
+
+
+async def _status(port: int, path: str, expected: int) -> bool:
+    status, _ = await asyncio.to_thread(_get, port, path)
+    return status == expected
