@@ -78,6 +78,7 @@ class Daemon:
         self._running: dict[str, asyncio.Task[None]] = {}  # table -> its tracker, while we hold its lease
         self._done: set[str] = set()  # tables finished (--once) or skipped
         self.leases: Leases | None = None
+        self._epoch = ""
         self._started = time.time()
         self._interrupts = 0
 
@@ -106,6 +107,7 @@ class Daemon:
         self.metrics.up.labels("source").set(1)
         self.metrics.up.labels("redis").set(1)
         self.leases = Leases(self.manager, self.worker_id, self.config.worker.lease_ttl)
+        self._epoch = await control.epoch(self.manager)
         await self._start_health()
         self._start_scheduler()
         log.info("sidecar started", extra={"worker": self.worker_id, "tables": len(self.trackers)})
@@ -381,6 +383,18 @@ class Daemon:
             )
         except TransientError as exc:
             log.warning("heartbeat failed", extra={"error": str(exc)})
+
+    async def _check_epoch(self) -> None:
+        """Redis restarted empty: every document and checkpoint is gone, so
+        every table this sidecar owns is snapshotted again."""
+        current = await control.epoch(self.manager)
+        if current == self._epoch:
+            return
+        log.error("Redis lost its data (restarted empty?): re-snapshotting every table")
+        self._epoch = current
+        for tracker in self.trackers:
+            if tracker.table in self._running:
+                tracker.request_snapshot("Redis lost its data")
 
     async def _cleanup(self) -> None:
         try:

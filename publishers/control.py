@@ -10,6 +10,7 @@ on), ``snapshot_rows`` and ``snapshot_total`` (progress of a running snapshot).
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 from cdc.sources.base import Finding
@@ -52,6 +53,18 @@ async def table_owners(manager: DataManager, tables: list[str]) -> dict[str, str
         if holder is not None:
             owners[table] = _text(holder)
     return owners
+
+
+async def epoch(manager: DataManager) -> str:
+    """The id of this Redis data set (``ns:@epoch``), created when absent.
+
+    A Redis that restarts empty (no persistence, a wiped replica promoted)
+    loses it with everything else: a sidecar that finds a different epoch than
+    the one it started with knows its documents and checkpoints are gone and
+    re-snapshots its tables."""
+    key = f"{manager.layout.namespace}:@epoch"
+    await manager.client.set(key, uuid.uuid4().hex, nx=True)
+    return _text(await manager.client.get(key))
 
 
 async def request_snapshot(manager: DataManager, table: str) -> None:

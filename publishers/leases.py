@@ -14,6 +14,7 @@ lease at its next renewal and stops that table.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from redis import exceptions as rex
@@ -22,6 +23,9 @@ from publishers import connection
 from publishers.manager import DataManager
 
 _ACQUIRE = """
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('SET', KEYS[2], ARGV[3])
+end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return redis.call('INCR', KEYS[2])
 end
@@ -58,7 +62,11 @@ class Leases:
         """Take the table's lease (or keep ours); its fencing token, or None if
         another sidecar holds it."""
         layout = self.manager.layout
-        reply = await self._eval(_ACQUIRE, layout.lease(table), layout.lease_fence(table))
+        # A counter that is gone (Redis restarted empty) restarts from the
+        # clock in ms, not from 0: tokens keep growing across a wipe, so a
+        # sidecar still holding a pre-wipe token cannot lock the new owner out.
+        seed = str(int(time.time() * 1000))
+        reply = await self._eval(_ACQUIRE, layout.lease(table), layout.lease_fence(table), extra=(seed,))
         if reply is None:
             self.tokens.pop(table, None)
             return None
@@ -80,10 +88,10 @@ class Leases:
         value = await self.manager.client.get(self.manager.layout.lease(table))
         return None if value is None else (value.decode() if isinstance(value, bytes) else str(value))
 
-    async def _eval(self, script: str, *keys: str) -> Any:
+    async def _eval(self, script: str, *keys: str, extra: tuple[str, ...] = ()) -> Any:
         try:
             return await connection.finish(
-                self.manager.client.eval(script, len(keys), *keys, self.owner, self.ttl_ms)
+                self.manager.client.eval(script, len(keys), *keys, self.owner, self.ttl_ms, *extra)
             )
         except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
             raise connection.translate(exc, self.manager.config.url) from None
