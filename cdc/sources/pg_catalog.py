@@ -25,7 +25,7 @@ class CatalogColumn:
     not_null: bool
     base_type: str  # pg_type.typname after resolving a domain and an array's element
     is_enum: bool
-    custom_array: bool  # an array of enums or domains: its own type oid, unknown to the driver
+    custom_array: bool  # an array of a type not built in (enum, domain, extension): unknown to the driver
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ _PRIMARY_KEY = """
 # oid), an array to its element, and a domain element to its base type.
 _COLUMNS = """
     select a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, b.typname, b.typtype = 'e',
-           d.typcategory = 'A' and e.typtype in ('e', 'd')
+           d.typcategory = 'A' and e.oid >= 16384  -- FirstNormalObjectId: not built in
     from pg_attribute a
     join pg_type t on t.oid = a.atttypid
     join pg_type d on d.oid = case when t.typtype = 'd' then t.typbasetype else t.oid end

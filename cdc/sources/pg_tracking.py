@@ -153,12 +153,12 @@ declare
     _cdc_version bigint := pg_current_xact_id()::text::bigint;
     _cdc_changed jsonb;
 begin
-    if TG_OP = 'DELETE' or (TG_OP = 'UPDATE' and row({old}) is distinct from row({new})) then
+    if TG_OP = 'DELETE' or (TG_OP = 'UPDATE' and row({old})::text is distinct from row({new})::text) then
         insert into {net} as e ({keys}, op, version, creation_version, column_versions, changed_at)
         values ({old}, 'D', _cdc_version, 0, '{{}}', now())
         on conflict ({keys}) do update set op = 'D', version = _cdc_version, changed_at = now();
     end if;
-    if TG_OP = 'INSERT' or (TG_OP = 'UPDATE' and row({old}) is distinct from row({new})) then
+    if TG_OP = 'INSERT' or (TG_OP = 'UPDATE' and row({old})::text is distinct from row({new})::text) then
         insert into {net} as e ({keys}, op, version, creation_version, column_versions, changed_at)
         values ({new}, 'I', _cdc_version, _cdc_version, '{{}}', now())
         on conflict ({keys}) do update set op = 'I', version = _cdc_version,
@@ -179,7 +179,10 @@ end"""
 def _capture_body(schema: str, net: str, key: tuple[str, ...]) -> sql.Composed:
     """The row trigger: a primary-key update is a delete of the old key and an
     insert of the new one; an update records, per column, the version of its
-    last change (text comparison, so 1.0 -> 1.00 counts as a change)."""
+    last change. Values are compared as text: that never needs an operator
+    looked up by name (the function's search_path is pg_catalog only, and a
+    key type's operators may live elsewhere), and it is what gets published
+    (1.0 -> 1.00 is a change)."""
 
     def record(name: str) -> sql.Composed:
         return sql.SQL(", ").join(sql.SQL(name + ".{}").format(sql.Identifier(k)) for k in key)

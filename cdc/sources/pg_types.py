@@ -47,6 +47,7 @@ SUPPORTED_TYPES = frozenset(
         "text", "varchar", "bpchar", "bytea", "uuid",
         "date", "time", "timestamp", "timestamptz", "interval",
         "json", "jsonb",
+        "citext",  # the extension's case-insensitive text: read as text
     }
 )  # fmt: skip
 
@@ -54,7 +55,7 @@ SUPPORTED_TYPES = frozenset(
 def check_supported(table: str, column: CatalogColumn) -> None:
     """Raise UnsupportedType unless the column's values map losslessly to JSON."""
     if column.custom_array:
-        problem = "is an array of an enum or a domain, which the driver reads as unparsed text"
+        problem = "is an array of a type that is not built in, which the driver reads as unparsed text"
     elif column.is_enum or column.base_type in SUPPORTED_TYPES:
         return
     else:
@@ -63,7 +64,7 @@ def check_supported(table: str, column: CatalogColumn) -> None:
         f"{table}.{column.name}: type {column.type_name} {problem}; leave the column out of the "
         f"table's 'columns' or change its type. Supported: integers, numeric, real/double, boolean, "
         f"text/varchar/char, bytea, uuid, date, time, timestamp, timestamptz, interval, json, jsonb, "
-        f"enums, domains over these, and arrays of these"
+        f"citext, enums, domains over these, and arrays of the built-in ones"
     )
 
 

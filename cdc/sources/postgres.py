@@ -17,7 +17,8 @@ snapshot, so the values are those of the entry's version.
 Connections, each with its own job:
 
 - the reader, shared by all reads (an ``asyncio.Lock`` keeps one transaction
-  at a time on it), reconnected when it breaks;
+  at a time on it), reconnected when it breaks; its session also keeps the
+  rest of a paged read (``cdc.sources.pg_reads.HeldRead``);
 - one per snapshot, holding the snapshot's transaction open across pages;
 - one short-lived per administrative call (enable, disable, cleanup);
 - one LISTEN connection for wake-ups (``cdc.sources.pg_listen``).
@@ -30,6 +31,7 @@ other refusals to ``SourceError``. Messages never contain the DSN's password.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -75,13 +77,17 @@ def redact_dsn(dsn: str) -> str:
     return make_conninfo(**{k: str(v) for k, v in params.items() if v is not None})
 
 
+_PASSWORDS = re.compile(r"(://[^:/@\s]*:)[^@]*@|(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
 def _scrub(message: object, dsn: str) -> str:
-    """A driver message with the DSN's password (should it appear) blanked out."""
+    """A driver message with the DSN's password (should it appear) blanked out:
+    the password itself where the DSN parses, any password-looking part else."""
     text = str(message).strip()
     try:
         password = conninfo_to_dict(dsn).get("password")
     except psycopg.Error:
-        password = None
+        return _PASSWORDS.sub(lambda m: f"{m[1]}***@" if m[1] else f"{m[2]}***", text)
     return text.replace(str(password), "***") if password else text
 
 

@@ -38,9 +38,6 @@ from cdc.templates import Template
 
 Key = tuple[Any, ...]
 
-# Logical column types the tests use: int, bigint, text, decimal (12,2), float, bool.
-LOGICAL_TYPES = ("int", "bigint", "text", "decimal", "float", "bool")
-
 
 @dataclass(frozen=True)
 class TypeCase:
@@ -112,8 +109,9 @@ class SourceHarness(abc.ABC):
         published: Sequence[str] | None = None,
         track: bool = True,
     ) -> TableConfig:
-        """Create ``name`` with ``columns`` (name -> logical type, or a dialect type
-        for the type cases) and primary ``key`` (may be empty), and enable tracking."""
+        """Create ``name`` with ``columns`` and primary ``key`` (may be empty), enable
+        tracking and settle. A column's type is a logical one (int, bigint, text,
+        decimal = decimal(12,2), float, bool) or else the dialect's own."""
 
     @abc.abstractmethod
     async def begin(self) -> Writer: ...
