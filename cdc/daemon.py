@@ -360,6 +360,7 @@ class Daemon:
         self.scheduler.add_job(
             self._heartbeat, "interval", seconds=self.config.worker.heartbeat, next_run_time=_now()
         )
+        self.scheduler.add_job(self._refresh_metrics, "interval", seconds=1.0)
         interval = self.config.source.cleanup_interval
         if self.config.source.kind == "postgres" and interval > 0:
             self.scheduler.add_job(self._cleanup, "interval", seconds=interval)
@@ -383,6 +384,13 @@ class Daemon:
             )
         except TransientError as exc:
             log.warning("heartbeat failed", extra={"error": str(exc)})
+
+    async def _refresh_metrics(self) -> None:
+        """Gauges that nothing else moves while a table is idle or stuck."""
+        self.metrics.queue_depth.set(self.worker.depth)
+        for tracker in self.trackers:
+            if tracker.table in self._running:
+                tracker.refresh_metrics()
 
     async def _check_epoch(self) -> None:
         """Redis restarted empty: every document and checkpoint is gone, so

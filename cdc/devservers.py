@@ -242,6 +242,10 @@ class PostgresServer:
     def start(self) -> PostgresServer:
         bindir = postgres_bindir()
         demote = self._demote()
+        if demote is not None and not self._reachable(demote):
+            # Running as root in a directory the server's user cannot reach
+            # (under /root, or pytest's 0700 tmp): keep the cluster in /tmp.
+            self.directory = Path(tempfile.mkdtemp(prefix="cdc-pg-"))
         if not (self.data / "PG_VERSION").exists():
             self._chown()
             subprocess.run(
@@ -264,6 +268,12 @@ class PostgresServer:
         wait_until(self._accepting, 30, f"PostgreSQL on port {self.port}", interval=0.05)
         self._create_database(bindir)
         return self
+
+    def _reachable(self, demote: Callable[[], None]) -> bool:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._chown()
+        probe = subprocess.run(["test", "-w", str(self.directory)], preexec_fn=demote, check=False)
+        return probe.returncode == 0
 
     def _accepting(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:

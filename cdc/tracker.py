@@ -293,6 +293,10 @@ class ChangeTracker:
         self._persisted = self.applied
         self._persisted_at = time.monotonic()
 
+    def refresh_metrics(self) -> None:
+        self._update_lag()
+        self.metrics.backoff_step.labels(self.table).set(self.backoff.step)
+
     def _update_lag(self) -> None:
         oldest = self._tickets[0][1] if self._tickets else None
         self.metrics.lag_seconds.labels(self.table).set(time.monotonic() - oldest if oldest else 0.0)
