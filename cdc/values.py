@@ -55,7 +55,9 @@ def _float(value: float) -> bytes | None:
 
 
 def _decimal(value: Decimal) -> bytes | None:
-    return f'"{value}"'.encode() if value.is_finite() else None  # digits, '.', 'E', '+', '-': no escaping
+    # fixed-point digits, never an exponent ("0.0000001", not "1E-7"; "1000" for 1E+3):
+    # what the database shows, and what a consumer parses without surprise
+    return f'"{value:f}"'.encode() if value.is_finite() else None
 
 
 def _datetime(value: dt.datetime) -> bytes:
@@ -107,7 +109,7 @@ def _plain(value: Any, column: str) -> Any:
     if isinstance(value, Decimal):
         if not value.is_finite():
             raise PoisonChange(f"column {column}: decimal {value} cannot be represented in JSON")
-        return str(value)
+        return format(value, "f")
     if isinstance(value, dt.time):
         # orjson refuses an aware time, and (3.13) writes 00:00:00.010000 as 00:00:00.10000
         return value.isoformat()
@@ -134,7 +136,7 @@ def _default(value: Any) -> Any:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return base64.b64encode(bytes(value)).decode("ascii")
     if isinstance(value, Decimal):
-        return str(value)
+        return format(value, "f")
     if isinstance(value, dt.timedelta):
         return iso_duration(value)
     if isinstance(value, uuid.UUID):
