@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import sqlite3
 import threading
@@ -301,22 +302,7 @@ class FakeOdbc:
     """Records every statement; answers like a SQL Server that tracks dbo.Forecasts."""
 
     def __init__(self) -> None:
-        self.db = sqlite3.connect(":memory:", check_same_thread=False)
-        self.db.execute("ATTACH ':memory:' AS dbo")
-        self.db.execute(
-            'CREATE TABLE dbo."Forecasts" ("Id" INTEGER PRIMARY KEY, "Price" TEXT, "Status" TEXT, "Doubled" INTEGER)'
-        )
-        self.db.execute(
-            "CREATE TABLE ct_src (SYS_CHANGE_VERSION INTEGER, SYS_CHANGE_CREATION_VERSION INTEGER, "
-            'SYS_CHANGE_OPERATION TEXT, SYS_CHANGE_COLUMNS TEXT, "Id" INTEGER)'
-        )
-        self.db.create_function("OBJECT_ID", 1, lambda name: name)
-        self.db.create_function("COLUMNPROPERTY", 3, lambda obj, column, prop: column)
-        self.db.create_function(
-            "CHANGE_TRACKING_IS_COLUMN_IN_MASK",
-            2,
-            lambda column, mask: int(mask is not None and column in mask.split(",")),
-        )
+        self.db = _database()
         self.catalog = list(CATALOG)
         self.primary_key = [("Id",)]
         self.tracking: list[tuple[Any, ...]] = [(1, 0)]
@@ -333,28 +319,37 @@ class FakeOdbc:
         )  # name, snapshot state/desc, current, retention, units, cleanup
         self.permissions = (1, 1)
         self.log: list[tuple[str, tuple[Any, ...]]] = []
+        self.trail: list[tuple[str, int]] = []  # (statement kind, connection number), in order
         self.threads: set[str] = set()
         self.connections = 0
         self.fail: Callable[[str], Exception | None] = lambda text: None
 
     def connect(self) -> FakeConnection:
         self.connections += 1
-        return FakeConnection(self)
+        return FakeConnection(self, self.connections)
 
     def statements(self) -> list[str]:
         return [_kind(text) for text, _ in self.log]
 
-    def answer(self, text: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    def answer(self, text: str, params: tuple[Any, ...], conn: FakeConnection) -> list[tuple[Any, ...]]:
         self.log.append((text, params))
+        self.trail.append((_kind(text), conn.number))
         self.threads.add(threading.current_thread().name)
         parse(sql.Statement(text, params))  # everything the source sends parses
         error = self.fail(text)
         if error is not None:
             raise error
+        if text == sql.BEGIN:
+            # SNAPSHOT isolation, roughly: the transaction sees the data and versions of its start
+            conn.view = _database(self.db)
+            conn.versions = (self.min_valid, self.current)
+        elif text in (sql.COMMIT, sql.ROLLBACK):
+            conn.view = None
+        min_valid, current = (self.min_valid, self.current) if conn.view is None else conn.versions
         if "CHANGE_TRACKING_MIN_VALID_VERSION(OBJECT_ID(?)) AS" in text:
-            return [(self.min_valid,)]
+            return [(min_valid,)]
         if text == sql.CURRENT_VERSION.sql:
-            return [(self.current,)]
+            return [(current,)]
         if text == sql.COLUMNS:
             return self.catalog
         if text == sql.PRIMARY_KEY:
@@ -368,33 +363,63 @@ class FakeOdbc:
         if text == sql.TABLE_PERMISSIONS:
             return [self.permissions]
         if text.startswith("SELECT TOP (?)"):
-            return self.db.execute(to_sqlite(text, params)).fetchall()
+            return (conn.view or self.db).execute(to_sqlite(text, params)).fetchall()
         return []
 
 
+def _database(contents: sqlite3.Connection | None = None) -> sqlite3.Connection:
+    """The stand-in database: dbo.Forecasts and ct_src (a copy of ``contents``'s rows when given)."""
+    db = sqlite3.connect(":memory:", check_same_thread=False)
+    db.execute("ATTACH ':memory:' AS dbo")
+    db.execute(
+        'CREATE TABLE dbo."Forecasts" ("Id" INTEGER PRIMARY KEY, "Price" TEXT, "Status" TEXT, "Doubled" INTEGER)'
+    )
+    db.execute(
+        "CREATE TABLE ct_src (SYS_CHANGE_VERSION INTEGER, SYS_CHANGE_CREATION_VERSION INTEGER, "
+        'SYS_CHANGE_OPERATION TEXT, SYS_CHANGE_COLUMNS TEXT, "Id" INTEGER)'
+    )
+    db.create_function("OBJECT_ID", 1, lambda name: name)
+    db.create_function("COLUMNPROPERTY", 3, lambda obj, column, prop: column)
+    db.create_function(
+        "CHANGE_TRACKING_IS_COLUMN_IN_MASK",
+        2,
+        lambda column, mask: int(mask is not None and column in mask.split(",")),
+    )
+    if contents is not None:
+        for name, width in (('dbo."Forecasts"', 4), ("ct_src", 5)):
+            rows = contents.execute(f"SELECT * FROM {name}").fetchall()
+            db.executemany(f"INSERT INTO {name} VALUES ({', '.join('?' * width)})", rows)
+    return db
+
+
 class FakeConnection:
-    def __init__(self, fake: FakeOdbc) -> None:
+    def __init__(self, fake: FakeOdbc, number: int) -> None:
         self.fake = fake
+        self.number = number
         self.timeout = 0
         self.converters: dict[int, Callable[[Any], Any]] = {}
+        self.view: sqlite3.Connection | None = None  # the open transaction's snapshot
+        self.versions: tuple[int | None, int | None] = (None, None)  # min valid, current at its start
 
     def add_output_converter(self, sql_type: int, fn: Callable[[Any], Any]) -> None:
         self.converters[sql_type] = fn
 
     def cursor(self) -> FakeCursor:
-        return FakeCursor(self.fake)
+        return FakeCursor(self.fake, self)
 
     def close(self) -> None:
         self.fake.log.append(("<close>", ()))
+        self.fake.trail.append(("CLOSE", self.number))
 
 
 class FakeCursor:
-    def __init__(self, fake: FakeOdbc) -> None:
+    def __init__(self, fake: FakeOdbc, conn: FakeConnection) -> None:
         self.fake = fake
+        self.conn = conn
         self.rows: list[tuple[Any, ...]] = []
 
     def execute(self, text: str, *params: Any) -> FakeCursor:
-        self.rows = self.fake.answer(text, params)
+        self.rows = self.fake.answer(text, params, self.conn)
         return self
 
     def fetchall(self) -> list[tuple[Any, ...]]:
@@ -501,11 +526,6 @@ async def test_describe_reads_the_catalog(fake: FakeOdbc) -> None:
         (lambda f: setattr(f, "catalog", []), SchemaError, ["dbo.Forecasts", "no such table"]),
         (lambda f: setattr(f, "primary_key", []), SchemaError, ["dbo.Forecasts", "primary key"]),
         (
-            lambda f: setattr(f, "tracking", []),
-            TrackingNotEnabled,
-            ["dbo.Forecasts", "ENABLE CHANGE_TRACKING"],
-        ),
-        (
             lambda f: f.catalog.append((5, "Anything", "sql_variant", "sql_variant", 0, 8016, 0, 0, 1, 0)),
             UnsupportedType,
             ["dbo.Forecasts", "Anything", "sql_variant"],
@@ -527,6 +547,21 @@ async def test_describe_errors_name_the_table(
         assert word in str(caught.value)
 
 
+async def test_an_untracked_table_is_described_but_cannot_be_read(fake: FakeOdbc) -> None:
+    """The ChangeSource contract: describe works before tracking is enabled;
+    reading changes or a snapshot is TrackingNotEnabled, naming the fix."""
+    fake.tracking = []
+    source, info = await described(fake)
+    assert info.column_names == ("Id", "Price", "Status", "Doubled")
+    with pytest.raises(TrackingNotEnabled, match=r"dbo\.Forecasts.*ENABLE CHANGE_TRACKING"):
+        await source.read_changes(info, 5, limit=10)
+    with pytest.raises(TrackingNotEnabled, match=r"dbo\.Forecasts.*ENABLE CHANGE_TRACKING"):
+        [page async for page in source.snapshot(info, page_size=10)]
+    fake.tracking = [(1, 0)]  # enabled since: described again, and read
+    assert (await source.read_changes(info, 5, limit=10)).next_version == 10
+    await source.close()
+
+
 async def test_describe_unknown_column(fake: FakeOdbc) -> None:
     with pytest.raises(SchemaError, match="no column Nope"):
         await described(fake, columns=("Nope",))
@@ -542,7 +577,8 @@ async def test_poll_is_one_snapshot_transaction_in_the_documented_order(fake: Fa
     page = await source.read_changes(info, 5, limit=100)
     assert fake.statements() == ["SNAPSHOT", "BEGIN", "MIN_VALID", "CURRENT", "CHANGES", "COMMIT"]
     changes_params = fake.log[4][1]
-    assert changes_params[0] == 100 and changes_params[-2:] == (5, 10)  # since, upto = current
+    assert changes_params[0] == 101  # one row more than the page: whether another follows
+    assert changes_params[-2:] == (5, 10)  # since, upto = current
     assert page.next_version == 10 and not page.more
     assert fake.threads and all(name.startswith("cdc-mssql") for name in fake.threads)
     assert threading.current_thread().name not in fake.threads
@@ -611,8 +647,114 @@ async def test_pages_cover_every_change_once_in_version_and_key_order(fake: Fake
             break
         page = await source.read_changes(info, 5, limit=2, upto=page.next_version, after=page.cursor)
     assert seen == [(6, 1), (6, 3), (7, 2), (7, 7), (8, 5), (9, 4)]  # version 11 is above current: next poll
-    assert fake.statements().count("MIN_VALID") == 4  # every page re-checks the minimum valid version
     await source.close()
+
+
+def read_trail(fake: FakeOdbc) -> list[tuple[str, int]]:
+    """The statements of reads (no catalog queries, no closes), with their connection."""
+    return [(kind, n) for kind, n in fake.trail if kind not in ("CATALOG", "READ COMMITTED", "CLOSE")]
+
+
+async def test_every_page_of_a_read_is_in_its_one_snapshot_transaction(fake: FakeOdbc) -> None:
+    source, info = await described(fake)
+    put(fake, [(i, "1.00", "s", 2) for i in range(1, 7)], [(6 + i % 3, 1, "U", None, i) for i in range(1, 7)])
+    fake.trail.clear()
+    pages = [await source.read_changes(info, 5, limit=2)]
+    while pages[-1].more:
+        last = pages[-1]
+        pages.append(await source.read_changes(info, 5, limit=2, upto=last.next_version, after=last.cursor))
+    assert [len(p.rows) for p in pages] == [2, 2, 2] and {p.next_version for p in pages} == {10}
+    trail = read_trail(fake)
+    assert [kind for kind, _ in trail] == [
+        "SNAPSHOT", "BEGIN", "MIN_VALID", "CURRENT", "CHANGES", "CHANGES", "CHANGES", "COMMIT"
+    ]  # fmt: skip
+    [reader] = {n for _, n in trail}
+    assert reader != 1  # a reader of its own, not the connection that described the table
+    # the next read reuses the idle reader, in a new transaction
+    fake.trail.clear()
+    assert not (await source.read_changes(info, 10, limit=2)).more
+    assert read_trail(fake) == [
+        (k, reader) for k in ("SNAPSHOT", "BEGIN", "MIN_VALID", "CURRENT", "CHANGES", "COMMIT")
+    ]
+    await source.close()
+
+
+async def test_later_pages_see_what_the_first_page_saw(fake: FakeOdbc) -> None:
+    """Between pages, writers move a delivered and a pending entry above the
+    bound and add a row: the read still returns each row of its snapshot once,
+    with the version and operation relative to ``since`` it had there."""
+    source, info = await described(fake)
+    put(fake, [(i, "1.00", "s", 2) for i in range(1, 7)], [(5 + i, 5 + i, "I", None, i) for i in range(1, 7)])
+    fake.current = 11
+    page = await source.read_changes(info, 5, limit=2)
+    delivered = list(page.rows)
+    while page.more:
+        moved = [delivered[-1].key["Id"], 7 - len(delivered)]
+        fake.db.executemany("UPDATE ct_src SET SYS_CHANGE_VERSION = 12 WHERE Id = ?", [(k,) for k in moved])
+        fake.db.execute("INSERT INTO ct_src VALUES (12, 12, 'I', NULL, ?)", (100 + len(delivered),))
+        fake.current = 12
+        assert page.cursor is not None
+        page = await source.read_changes(info, 5, limit=2, upto=page.next_version, after=page.cursor)
+        delivered += page.rows
+    assert [(r.op, r.version, r.key["Id"]) for r in delivered] == [("I", 5 + i, i) for i in range(1, 7)]
+    assert page.next_version == 11
+    await source.close()
+
+
+async def test_another_read_of_the_table_rolls_the_held_one_back(fake: FakeOdbc) -> None:
+    source, info = await described(fake)
+    put(fake, [(i, "1.00", "s", 2) for i in range(1, 5)], [(6, 1, "U", None, i) for i in range(1, 5)])
+    first = await source.read_changes(info, 5, limit=2)
+    fake.trail.clear()
+    other = await source.read_changes(info, 5, limit=10)  # a new read from the start, not page 2
+    assert [r.key["Id"] for r in other.rows] == [1, 2, 3, 4] and not other.more
+    assert [kind for kind, _ in read_trail(fake)] == [
+        "ROLLBACK", "SNAPSHOT", "BEGIN", "MIN_VALID", "CURRENT", "CHANGES", "COMMIT"
+    ]  # fmt: skip
+    # the abandoned read's next page, its transaction gone: a new one, bounded by upto
+    fake.trail.clear()
+    rest = await source.read_changes(info, 5, limit=2, upto=first.next_version, after=first.cursor)
+    assert [r.key["Id"] for r in rest.rows] == [3, 4] and rest.next_version == 10
+    assert [kind for kind, _ in read_trail(fake)] == [
+        "SNAPSHOT", "BEGIN", "MIN_VALID", "CURRENT", "CHANGES", "COMMIT"
+    ]  # fmt: skip
+    await source.close()
+
+
+async def test_reads_of_two_tables_hold_their_transactions_apart(fake: FakeOdbc) -> None:
+    source, info = await described(fake)
+    alias = dataclasses.replace(info, table="dbo.Alias")  # another registered table (same rows here)
+    put(fake, [(i, "1.00", "s", 2) for i in range(1, 5)], [(6, 1, "U", None, i) for i in range(1, 5)])
+    a = await source.read_changes(info, 5, limit=2)
+    b = await source.read_changes(alias, 5, limit=3)
+    a2 = await source.read_changes(info, 5, limit=2, upto=a.next_version, after=a.cursor)
+    b2 = await source.read_changes(alias, 5, limit=3, upto=b.next_version, after=b.cursor)
+    assert [r.key["Id"] for r in a.rows + a2.rows] == [1, 2, 3, 4] and not a2.more
+    assert [r.key["Id"] for r in b.rows + b2.rows] == [1, 2, 3, 4] and not b2.more
+    assert fake.statements().count("ROLLBACK") == 0 and fake.statements().count("COMMIT") == 2
+    assert fake.connections == 3  # describe, and one reader per read held at the same time
+    await source.close()
+
+
+async def test_a_read_of_exactly_one_page_needs_no_second_call(fake: FakeOdbc) -> None:
+    source, info = await described(fake)
+    put(fake, [(i, "1.00", "s", 2) for i in range(1, 4)], [(6, 1, "U", None, i) for i in range(1, 4)])
+    page = await source.read_changes(info, 5, limit=3)
+    assert len(page.rows) == 3 and not page.more and page.cursor is None
+    assert fake.statements()[-1] == "COMMIT"
+    await source.close()
+
+
+async def test_closing_the_source_rolls_back_a_held_read(fake: FakeOdbc) -> None:
+    source, info = await described(fake)
+    put(fake, [(i, "1.00", "s", 2) for i in range(1, 5)], [(6, 1, "U", None, i) for i in range(1, 5)])
+    assert (await source.read_changes(info, 5, limit=2)).more
+    [(_, reader)] = {("", n) for kind, n in fake.trail if kind == "CHANGES"}
+    fake.trail.clear()
+    await source.close()
+    assert ("ROLLBACK", reader) in fake.trail and ("CLOSE", reader) in fake.trail
+    assert fake.trail.index(("ROLLBACK", reader)) < fake.trail.index(("CLOSE", reader))
+    assert "COMMIT" not in [kind for kind, _ in fake.trail]
 
 
 @pytest.mark.parametrize(
@@ -658,7 +800,7 @@ async def test_a_link_failure_is_transient_and_the_next_call_reconnects(fake: Fa
     assert fake.statements()[-4:] == ["CHANGES", "ROLLBACK", "ROLLBACK", "CLOSE"]
     fake.fail = lambda text: None
     assert (await source.read_changes(info, 5, limit=10)).next_version == 10
-    assert fake.connections == 2
+    assert fake.connections == 3  # describe's, the reader's, and the reader's again
     await source.close()
 
 
@@ -893,3 +1035,61 @@ def test_the_dockerfile() -> None:
     assert 'ENTRYPOINT ["cdc"]' in text
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".git", ".venv", "tests"} <= set(ignored)
+
+
+# -- the contract suite's SQL Server harness (tests/contract/harness.py) -------------
+
+
+class _Recorder:
+    """Stands in for the harness's connections: records the T-SQL it would send."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, tuple[Any, ...]]] = []
+
+    async def execute(self, statement: str, *params: Any) -> int:
+        self.sent.append((statement, params))
+        return 1
+
+    def __call__(self, statement: str, *params: Any) -> Any:  # conn.execute(...)
+        self.sent.append((statement, params))
+        return self
+
+    def fetchone(self) -> tuple[Any, ...]:
+        return (0, None)  # snapshot isolation off, change tracking off
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return [("items",)]
+
+
+async def test_the_contract_harness_sends_t_sql_that_parses() -> None:
+    """The harness runs only against a real SQL Server; here its statements are
+    at least parsed, and their placeholders counted against their parameters."""
+    from tests.contract import harness as contract
+
+    recorder = _Recorder()
+    mssql = contract.MssqlHarness("DRIVER={FreeTDS};SERVER=nowhere", "cabc", recorder)  # type: ignore[arg-type]
+    table = await mssql.create_table("items", {"id": "int", "n": "int", "note": "text"}, ["id"], track=False)
+    await mssql.create_table("keyless", {"id": "int", "doc": "sql_variant"}, [], track=False)
+    await mssql.insert_literals(table, {"id": "1", "note": "N'x'"})
+    await mssql.truncate(table)
+    writer = contract.MssqlWriter("DRIVER={FreeTDS};SERVER=nowhere", mssql.keys)
+    writer.session = recorder  # type: ignore[assignment]
+    await writer.insert(table, {"id": 1, "n": 2, "note": "a"})
+    await writer.upsert(table, {"id": 1, "n": 3, "note": "b"})
+    await writer.update(table, {"id": 1}, {"n": 4})
+    await writer.delete(table, {"id": 1})
+    await writer.move(table, {"id": 1}, {"id": 2})
+    conn = type("Conn", (), {"execute": lambda self, s, *p: recorder(s, *p)})()
+    contract._mssql_database_setup(conn)
+    contract._mssql_drop_schema(conn, "cabc")
+    for case in mssql.type_cases():  # every literal is an expression SQL Server takes
+        recorder.sent.append((f"SELECT {case.literal}", ()))
+    assert (
+        "CREATE TABLE [cabc].[items] ([id] int NOT NULL, [n] int, [note] nvarchar(400), PRIMARY KEY ([id]))"
+        in [s for s, _ in recorder.sent]
+    )
+    for statement, params in recorder.sent:
+        if statement.startswith("ALTER DATABASE"):
+            continue  # no sqlglot grammar: the text is sql.ENABLE_SNAPSHOT_ISOLATION's and enable_database_tracking's
+        tree = parse(statement)
+        assert placeholders(tree) == len(params), statement

@@ -9,6 +9,12 @@ It follows Microsoft's documented pattern and the checklist in SQLSERVER.md:
   then reads ``CHANGETABLE(CHANGES ...) LEFT JOIN`` the table in
   (version, primary key) order, and commits; ``next_version`` is the current
   version read in that transaction, even when no row came back;
+- a read of more than one page keeps every page in that one SNAPSHOT
+  transaction, held open on a reader connection of its own between the
+  caller's calls and committed with the last page (``_HeldRead``): pages read
+  in separate transactions would see a row changed in between only in the
+  next read, relative to the bound, so as a ``U`` the caller never had the
+  ``I`` of, and without the columns changed before the bound;
 - the snapshot reads the current version and the whole table (keyset pages on
   the primary key) in one SNAPSHOT transaction on a connection of its own;
 - pyodbc blocks: each connection has one thread of its own and every call on
@@ -31,7 +37,7 @@ import math
 import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import pyodbc
@@ -336,19 +342,6 @@ def _scalar(conn: Any, statement: sql.Statement | str) -> Any:
     return None if row is None else row[0]
 
 
-def _in_snapshot(conn: Any, work: Callable[[Any], T]) -> T:
-    """Run ``work`` in one SNAPSHOT transaction: commit, or roll back on any error."""
-    _execute(conn, sql.SET_SNAPSHOT)
-    _execute(conn, sql.BEGIN)
-    try:
-        result = work(conn)
-        _execute(conn, sql.COMMIT)
-        return result
-    except BaseException:
-        _rollback_quietly(conn)
-        raise
-
-
 def _rollback_quietly(conn: Any) -> None:
     try:
         _execute(conn, sql.ROLLBACK)
@@ -368,6 +361,7 @@ class _Table:
     converters: dict[str, Converter]  # every published column (key included)
     always_changed: frozenset[str]  # computed/rowversion columns: never in SYS_CHANGE_COLUMNS
     track_columns_updated: bool
+    tracked: bool = True  # change tracking is enabled on the table (as of describe)
 
 
 @dataclass(frozen=True)
@@ -398,7 +392,10 @@ class _Name:
 
 def _describe(conn: Any, table: _Name, wanted: Sequence[str] | None) -> _Table:
     """Read the catalog: columns, primary key in key order, tracking; raise
-    SchemaError, UnsupportedType or TrackingNotEnabled."""
+    SchemaError or UnsupportedType. A table that change tracking does not
+    track yet is described all the same (``tracked`` False): reading its
+    changes or snapshot raises TrackingNotEnabled, as the ChangeSource
+    contract has it."""
     _execute(conn, sql.SET_READ_COMMITTED)
     catalog = _catalog_columns(conn, table.schema, table.name)
     if not catalog:
@@ -419,13 +416,8 @@ def _describe(conn: Any, table: _Name, wanted: Sequence[str] | None) -> _Table:
             published.append(column)
     converters = {c.name: converter_for(table.table, c.name, c.base, c.declared) for c in published}
     tracking = _one(conn, sql.table_tracking(table.schema, table.name))
-    if tracking is None:
-        raise TrackingNotEnabled(
-            f"{table.table}: change tracking is not enabled on the table: run `cdc tracking enable` "
-            f"(ALTER TABLE {sql.qualified(table.schema, table.name)} ENABLE CHANGE_TRACKING "
-            "WITH (TRACK_COLUMNS_UPDATED = ON))"
-        )
-    return _build_table(table, key, published, converters, bool(tracking[0]))
+    described = _build_table(table, key, published, converters, tracking is not None and bool(tracking[0]))
+    return described if tracking is not None else replace(described, tracked=False)
 
 
 def _build_table(
@@ -535,6 +527,43 @@ def _param(value: Any) -> Any:
     return value
 
 
+def _page_rows(conn: Any, statement: sql.Statement, limit: int) -> list[Any]:
+    """A page of changes, ``statement`` asking for one row more than ``limit``
+    to learn whether another page follows; when none does, the read's
+    transaction is committed here, in the same unit of work."""
+    rows = _rows(conn, statement)
+    if len(rows) <= limit:
+        _execute(conn, sql.COMMIT)
+    return rows
+
+
+def _not_tracked(table: str, schema: str, name: str) -> str:
+    return (
+        f"{table}: change tracking is not enabled on the table: run `cdc tracking enable` "
+        f"(ALTER TABLE {sql.qualified(schema, name)} ENABLE CHANGE_TRACKING WITH (TRACK_COLUMNS_UPDATED = ON))"
+    )
+
+
+@dataclass
+class _HeldRead:
+    """The open SNAPSHOT transaction of a paged read, on a reader of its own.
+
+    Later pages of the read run in it, so they see what the first page saw:
+    a row changed again between two pages is not skipped, nor classified
+    relative to the bound instead of ``since``. It continues only the read it
+    belongs to: same ``since``, ``upto`` equal to its bound, ``after`` equal to
+    the cursor of the page last returned."""
+
+    link: _Link
+    conn: Any  # the connection holding the transaction (a replaced one has lost it)
+    since: int
+    bound: int
+    after: Cursor
+
+    def continues(self, since: int, upto: int | None, after: Cursor | None) -> bool:
+        return (since, upto, after) == (self.since, self.bound, self.after)
+
+
 # -- the source --------------------------------------------------------------------
 
 
@@ -548,6 +577,11 @@ class MssqlSource:
         self._connector = connector
         self._link = _Link(self._open_connection, config.dsn, "cdc-mssql")
         self._tables: dict[str, _Table] = {}
+        # Reads run on readers of their own: a paged read holds its SNAPSHOT
+        # transaction open on one (``_held``, by table) until its last page, while
+        # other tables' reads, describe and the rest go on elsewhere.
+        self._readers: list[_Link] = []  # idle: no transaction open
+        self._held: dict[str, _HeldRead] = {}  # table (lower case) -> its paged read
 
     # -- connections
 
@@ -569,7 +603,14 @@ class MssqlSource:
         await self._link.open()
 
     async def close(self) -> None:
-        await self._link.close()
+        """Close every connection; a paged read still held is rolled back."""
+        links = [held.link for held in self._held.values()] + self._readers
+        self._held, self._readers = {}, []
+        try:
+            for link in links:
+                await link.close()  # rolls back an open transaction first
+        finally:
+            await self._link.close()
 
     # -- tables
 
@@ -582,8 +623,8 @@ class MssqlSource:
     async def _table(self, info: TableInfo) -> _Table:
         """The described table behind ``info`` (described again if this source has not seen it)."""
         known = self._tables.get(info.table.lower())
-        if known is not None and known.info.column_names == info.column_names:
-            return known
+        if known is not None and known.tracked and known.info.column_names == info.column_names:
+            return known  # (an untracked table is described again: tracking may be on by now)
         name = _Name(info.table, info.schema, info.name)
         described = await self._link.run(lambda conn: _describe(conn, name, info.column_names), info.table)
         self._tables[info.table.lower()] = described
@@ -606,26 +647,118 @@ class MssqlSource:
         upto: int | None = None,
         after: Cursor | None = None,
     ) -> ChangePage:
+        """Net changes after ``since``, at most ``limit`` rows, in (version, key) order.
+
+        Every page of one read comes from one SNAPSHOT transaction (``_HeldRead``):
+        the first page opens it on a reader connection of its own and checks the
+        versions; while more pages follow it stays open, and a call that
+        continues the read (same ``since``, ``upto`` = its bound, ``after`` = the
+        cursor last returned) reads the next page in it; the last page commits
+        it. Any other read of the table rolls it back first. Should the held
+        transaction be gone (an error, ``close``), a continuation starts a new
+        transaction from ``(upto, after)``: still complete, but a row changed
+        again in between then arrives with the next read, relative to ``upto``."""
         if limit < 1:
             raise ValueError("limit must be at least 1")
         described = await self._table(table)
+        if not described.tracked:
+            raise TrackingNotEnabled(_not_tracked(table.table, table.schema, table.name))
+        held = self._held.pop(table.table.lower(), None)
+        if held is not None and held.continues(since, upto, after):
+            link, conn, bound = held.link, held.conn, held.bound
+            rows = await self._next_page(held, described, limit)
+        else:
+            if held is not None:
+                await self._release(held.link, rollback=True)  # the caller started another read
+            link = self._readers.pop() if self._readers else self._new_reader()
+            bound, rows, conn = await self._first_page(link, described, since, limit, upto, after)
+        more = len(rows) > limit
+        changes = [decode_change(described, since, row) for row in rows[:limit]]
+        if not more:
+            await self._release(link, rollback=False)  # committed with the last page
+            return ChangePage(rows=changes, next_version=bound)
+        last = changes[-1]
+        cursor: Cursor = (last.version, tuple(last.key[c] for c in table.primary_key))
+        self._held[table.table.lower()] = _HeldRead(link, conn, since, bound, cursor)
+        return ChangePage(rows=changes, next_version=bound, more=True, cursor=cursor)
+
+    def _new_reader(self) -> _Link:
+        return _Link(self._open_connection, self.config.dsn, "cdc-mssql-read")
+
+    async def _first_page(
+        self,
+        link: _Link,
+        described: _Table,
+        since: int,
+        limit: int,
+        upto: int | None,
+        after: Cursor | None,
+    ) -> tuple[int, list[Any], Any]:
+        """Open the read's SNAPSHOT transaction, check the versions, read a page;
+        commit at once when it is the whole read, else leave the transaction open."""
+        table = described.info
         cursor = None if after is None else (after[0], [_param(v) for v in after[1]])
 
-        def poll(conn: Any) -> tuple[int, list[Any]]:
-            min_valid = _scalar(conn, sql.min_valid_version(table.schema, table.name))
-            current = _scalar(conn, sql.CURRENT_VERSION)
-            bound = check_versions(table.table, since, min_valid, current, upto)
-            statement = sql.changes(described.shape, since=since, upto=bound, limit=limit, after=cursor)
-            return bound, _rows(conn, statement)
+        def first(conn: Any) -> tuple[int, list[Any], Any]:
+            _execute(conn, sql.SET_SNAPSHOT)
+            _execute(conn, sql.BEGIN)
+            try:
+                min_valid = _scalar(conn, sql.min_valid_version(table.schema, table.name))
+                current = _scalar(conn, sql.CURRENT_VERSION)
+                bound = check_versions(table.table, since, min_valid, current, upto)
+                statement = sql.changes(
+                    described.shape, since=since, upto=bound, limit=limit + 1, after=cursor
+                )
+                rows = _page_rows(conn, statement, limit)
+            except BaseException:
+                _rollback_quietly(conn)
+                raise
+            return bound, rows, conn
 
-        bound, rows = await self._link.run(lambda conn: _in_snapshot(conn, poll), table.table)
-        changes = [decode_change(described, since, row) for row in rows]
-        more = len(rows) == limit
-        next_cursor: Cursor | None = None
-        if more:
-            last = changes[-1]
-            next_cursor = (last.version, tuple(last.key[c] for c in table.primary_key))
-        return ChangePage(rows=changes, next_version=bound, more=more, cursor=next_cursor)
+        return await self._run_read(link, first, table.table)
+
+    async def _next_page(self, held: _HeldRead, described: _Table, limit: int) -> list[Any]:
+        """The next page in the held transaction; committed when it is the last."""
+        table = described.info
+        cursor = (held.after[0], [_param(v) for v in held.after[1]])
+        statement = sql.changes(
+            described.shape, since=held.since, upto=held.bound, limit=limit + 1, after=cursor
+        )
+
+        def following(conn: Any) -> list[Any]:
+            if conn is not held.conn:
+                # the connection was replaced: its transaction is gone, and with it the snapshot
+                raise SourceUnavailable(f"{table.table}: the connection of a paged read was lost; read again")
+            try:
+                return _page_rows(conn, statement, limit)
+            except BaseException:
+                _rollback_quietly(conn)
+                raise
+
+        return await self._run_read(held.link, following, table.table)
+
+    async def _run_read(self, link: _Link, work: Callable[[Any], T], context: str) -> T:
+        """Run a page on a reader; an error returns the reader (its transaction
+        rolled back) to the idle ones, a cancellation closes it: the page may
+        still be running, and its transaction open, on the reader's thread."""
+        try:
+            return await link.run(work, context)
+        except CdcError:
+            self._readers.append(link)
+            raise
+        except BaseException:
+            await link.close()
+            raise
+
+    async def _release(self, link: _Link, *, rollback: bool) -> None:
+        """Back to the idle readers, after rolling back its open transaction if asked."""
+        if rollback:
+            try:
+                await link.run(_rollback_quietly)
+            except BaseException:
+                await link.close()
+                raise
+        self._readers.append(link)
 
     async def snapshot(self, table: TableInfo, *, page_size: int) -> AsyncIterator[SnapshotPage]:
         """The whole table in keyset pages, with the current version read first
@@ -635,6 +768,8 @@ class MssqlSource:
         if page_size < 1:
             raise ValueError("page_size must be at least 1")
         described = await self._table(table)
+        if not described.tracked:
+            raise TrackingNotEnabled(_not_tracked(table.table, table.schema, table.name))
         link = _Link(self._open_connection, self.config.dsn, "cdc-mssql-snapshot")
         try:
             version, total = await link.run(lambda conn: _snapshot_begin(conn, table), table.table)
@@ -915,6 +1050,9 @@ def _table_findings(conn: Any, table: TableConfig, known: _Table | None) -> list
         described = _describe(conn, _Name(table.table, table.schema, table.name), table.columns)
     except (SchemaError, TrackingNotEnabled, UnsupportedType) as exc:
         out.append(Finding("error", table.table, str(exc)))
+        return out
+    if not described.tracked:
+        out.append(Finding("error", table.table, _not_tracked(table.table, table.schema, table.name)))
         return out
     if known is not None and known.info != described.info:
         # ADD COLUMN, a type change, a new key: the tracker must describe the table again.

@@ -16,8 +16,9 @@ The statements of one poll, in one SNAPSHOT transaction (SQLSERVER.md)::
     SELECT CHANGE_TRACKING_CURRENT_VERSION()                 -- NULL: error
     SELECT TOP (?) ct.SYS_CHANGE_VERSION, ... FROM CHANGETABLE(CHANGES [s].[t], ?) AS ct
       LEFT JOIN [s].[t] AS t ON <pk equality> WHERE ct.SYS_CHANGE_VERSION <= ? [AND (version, pk) > after]
-      ORDER BY ct.SYS_CHANGE_VERSION, <pk>
-    COMMIT TRANSACTION
+      ORDER BY ct.SYS_CHANGE_VERSION, <pk>                   -- TOP (page + 1): more to come?
+    [SELECT TOP (?) ... AND (version, pk) > after ...]       -- later pages, same transaction
+    COMMIT TRANSACTION                                       -- with the last page
 """
 
 from __future__ import annotations
