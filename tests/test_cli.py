@@ -178,3 +178,38 @@ def _get(port: int, path: str) -> tuple[int, bytes]:
 async def _status(port: int, path: str, expected: int) -> bool:
     status, _ = await asyncio.to_thread(_get, port, path)
     return status == expected
+
+
+async def test_snapshot_is_done_by_the_running_sidecar_that_owns_the_table(
+    postgres_dsn: str, redis_url: str, pg_schema: str, namespace: str, tmp_path: Path
+) -> None:
+    await create_tables(postgres_dsn, pg_schema)
+    path = write_config(tmp_path / "t.yaml", pg_schema, postgres_dsn, redis_url, namespace, heartbeat="500ms")
+    config = make_config(pg_schema, postgres_dsn, redis_url, namespace, heartbeat="500ms")
+    async with await psycopg.AsyncConnection.connect(postgres_dsn, autocommit=True) as conn:
+        await conn.execute(f"insert into {pg_schema}.items (id, name) select i, 'n' || i from generate_series(1, 10) i")
+    assert cdc("tracking", "enable", "-c", str(path)).returncode == 0
+    daemon = Daemon(config)
+    task = asyncio.create_task(daemon.run())
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await daemon_ready(daemon)
+        async with await psycopg.AsyncConnection.connect(postgres_dsn, autocommit=True) as conn:
+            await conn.execute(f"alter table {pg_schema}.items disable trigger user")
+            await conn.execute(f"update {pg_schema}.items set name = 'untracked' where id = 3")
+            await conn.execute(f"alter table {pg_schema}.items enable trigger user")
+        result = await asyncio.to_thread(cdc, "snapshot", "-c", str(path), "--table", f"{pg_schema}.items")
+        assert result.returncode == 0, result.stderr
+        assert f"asked worker {daemon.worker_id}" in result.stdout  # the owner did it, not the command
+        await assert_mirrored(postgres_dsn, pg_schema, client, namespace, timeout=10)
+    finally:
+        daemon.request_stop()
+        await task
+        await client.aclose()
+
+
+async def daemon_ready(daemon: Daemon) -> None:
+    async def ready() -> bool:
+        return daemon.readyz()[0] and bool(daemon.readyz()[1].get("catching_up") == [])
+
+    await wait_for(ready, 30, "the sidecar to catch up")
