@@ -89,15 +89,50 @@ def make_changes(count: int, partitions: int) -> list[Change]:
     return changes
 
 
+async def apply_batches(manager: DataManager, changes: list[Change], batch_size: int) -> float:
+    """``DataManager.apply`` over ``changes`` in batches of ``batch_size``: seconds taken."""
+    started = time.perf_counter()
+    for start in range(0, len(changes), batch_size):
+        await manager.apply(changes[start : start + batch_size])
+    return time.perf_counter() - started
+
+
+async def naive_apply(manager: DataManager, changes: list[Change], *, pipelined: bool) -> float:
+    """The naive client: per change, HSET the row (DEL a delete) and PUBLISH it;
+    two round trips, or one when ``pipelined``. Seconds taken."""
+    client, layout = manager.client, manager.layout
+    started = time.perf_counter()
+    for change in changes:
+        document = layout.document(change.partition, change.section, change.key)
+        channel = layout.channel(change.partition, change.section)
+        values = change.values
+        if values is None:
+            message = b"null"
+        else:
+            message = b"{" + b",".join(orjson.dumps(c) + b":" + v for c, v in values.items()) + b"}"
+        if pipelined:
+            pipe = client.pipeline(transaction=False)
+            if values is None:
+                pipe.delete(document)
+            else:
+                pipe.hset(document, mapping=values)  # type: ignore[arg-type]
+            pipe.publish(channel, message)
+            await pipe.execute()
+        else:
+            if values is None:
+                await client.delete(document)
+            else:
+                await client.hset(document, mapping=values)  # type: ignore[arg-type]
+            await client.publish(channel, message)
+    return time.perf_counter() - started
+
+
 async def bench_apply(config: RedisConfig, changes: list[Change], batch_size: int, partitions: int) -> Figure:
     manager = await DataManager.connect(config)
     try:
         await manager.client.flushall()
         await manager.client.config_resetstat()
-        started = time.perf_counter()
-        for start in range(0, len(changes), batch_size):
-            await manager.apply(changes[start : start + batch_size])
-        seconds = time.perf_counter() - started
+        seconds = await apply_batches(manager, changes, batch_size)
         stats = await manager.client.info("commandstats")
         evalsha = stats.get("cmdstat_evalsha", {})
         usec = round(float(evalsha.get("usec", 0)) / len(changes), 2) if evalsha else None
@@ -109,18 +144,9 @@ async def bench_apply(config: RedisConfig, changes: list[Change], batch_size: in
 async def bench_naive(config: RedisConfig, changes: list[Change], partitions: int) -> Figure:
     """One round trip per change: HSET the row, PUBLISH it (pipelined together)."""
     manager = await DataManager.connect(config)
-    client, layout = manager.client, manager.layout
     try:
-        await client.flushall()
-        started = time.perf_counter()
-        for change in changes:
-            values = change.values or {}
-            pipe = client.pipeline(transaction=False)
-            pipe.hset(layout.document(change.partition, change.section, change.key), mapping=values)  # type: ignore[arg-type]
-            message = b"{" + b",".join(orjson.dumps(c) + b":" + v for c, v in values.items()) + b"}"
-            pipe.publish(layout.channel(change.partition, change.section), message)
-            await pipe.execute()
-        seconds = time.perf_counter() - started
+        await manager.client.flushall()
+        seconds = await naive_apply(manager, changes, pipelined=True)
         return Figure("naive", 1, partitions, len(changes), seconds)
     finally:
         await manager.close()

@@ -15,7 +15,9 @@
   manager, which dead-letters the poison change and applies the rest.
 - Every change belongs to a ``Ticket``: the set of changes one read produced.
   A ticket completes when all its changes are applied; only then may the
-  tracker advance its checkpoint past that read.
+  tracker advance its checkpoint past that read. A change the data manager
+  refused because its lease was taken over (FENCED) was not applied: its
+  ticket completes ``refused``, and the tracker must not move past it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ from publishers.model import ApplyResult, Change
 log = logging.getLogger("cdc.batching")
 
 ApplyFn = Callable[[Sequence[Change]], Awaitable[ApplyResult]]
+# Producers yield to the event loop after this many puts, so that the applier
+# sends the next batch as soon as Redis answers the last one, instead of
+# waiting until the queue is full again (Redis would sit idle meanwhile).
+YIELD_EVERY = 64
 
 
 @dataclass(eq=False)
@@ -42,11 +48,14 @@ class Ticket:
 
     version: int
     pending: int = 0
+    changes: int = 0  # every change ever added
     sealed: bool = False
+    refused: bool = False  # a change was refused (FENCED), so the read is not all applied
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
     def add(self) -> None:
         self.pending += 1
+        self.changes += 1
 
     def seal(self) -> None:
         """No more changes will be added: complete now if nothing is pending."""
@@ -54,7 +63,8 @@ class Ticket:
         if self.pending == 0:
             self.done.set()
 
-    def applied(self, count: int = 1) -> None:
+    def applied(self, count: int = 1, *, refused: bool = False) -> None:
+        self.refused = self.refused or refused
         self.pending -= count
         if self.pending == 0 and self.sealed:
             self.done.set()
@@ -88,6 +98,7 @@ class AutoBatchWorker:
         self._on_degraded = on_degraded
         self.stats = BatchStats()
         self._task: asyncio.Task[None] | None = None
+        self._puts = 0
 
     @property
     def task(self) -> asyncio.Task[None] | None:
@@ -101,6 +112,9 @@ class AutoBatchWorker:
     async def put(self, change: Change, ticket: Ticket) -> None:
         ticket.add()
         await self._queue.put((change, ticket))
+        self._puts += 1
+        if not self._puts % YIELD_EVERY:
+            await asyncio.sleep(0)  # a put that finds room never yields; let the applier in
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="auto-batch-worker")
@@ -126,12 +140,13 @@ class AutoBatchWorker:
         while True:
             batch = await self._next_batch()
             try:
-                await self._apply_with_retry([change for change, _ in batch])
+                result = await self._apply_with_retry([change for change, _ in batch])
             finally:
                 for _ in batch:
                     self._queue.task_done()
-            for _, ticket in batch:
-                ticket.applied()
+            fenced = {id(change) for change in result.fenced}
+            for change, ticket in batch:
+                ticket.applied(refused=id(change) in fenced)
 
     async def _next_batch(self) -> list[tuple[Change, Ticket]]:
         batch = [await self._queue.get()]
@@ -142,7 +157,7 @@ class AutoBatchWorker:
                 break
         return batch
 
-    async def _apply_with_retry(self, changes: list[Change]) -> None:
+    async def _apply_with_retry(self, changes: list[Change]) -> ApplyResult:
         started = time.monotonic()
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(TransientError),
@@ -162,6 +177,7 @@ class AutoBatchWorker:
         self.stats.last_latency = latency
         if self._on_result is not None:
             self._on_result(changes, result, latency)
+        return result
 
     def _before_retry(self, state: object) -> None:
         self.stats.retries += 1

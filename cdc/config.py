@@ -46,6 +46,7 @@ class SourceConfig:
     cleanup_interval: float = 1800.0
     connect_timeout: float = 10.0
     query_timeout: float = 60.0
+    notify: bool = True  # postgres: LISTEN for the triggers' wake-ups; false: poll on the backoff alone
 
 
 @dataclass(frozen=True)
@@ -371,6 +372,7 @@ def _build(data: dict[str, Any], lines: Lines, name: str) -> Config:
             cleanup_interval=_duration(source.get("cleanup_interval", "30m"), ("source", "cleanup_interval")),
             connect_timeout=_duration(source.get("connect_timeout", "10s"), ("source", "connect_timeout")),
             query_timeout=_duration(source.get("query_timeout", "60s"), ("source", "query_timeout")),
+            notify=source.get("notify", True),
         ),
         redis=RedisConfig(
             url=redis.get("url", RedisConfig.url),

@@ -24,6 +24,7 @@ import socket
 import time
 import uuid
 import zlib
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -146,6 +147,12 @@ class Daemon:
             await self._pause(self.config.worker.lease_ttl / 3)
 
     async def _balance(self, once: bool, give_up_at: float) -> None:
+        await self._check_epoch()
+        if not await control.keep_alive(self.manager, self.worker_id, self.config.worker.lease_ttl):
+            await self._heartbeat()  # gone (first round, or Redis lost it): write it whole
+        for tracker in (t for t in self.trackers if t.table in self._running):
+            if await control.snapshot_requested(self.manager, tracker.table):
+                tracker.request_snapshot("requested by cdc snapshot")
         for table in list(self._running):
             if not await self._leases.renew(table):
                 log.warning("lease lost: another sidecar owns the table now", extra={"table": table})
@@ -223,6 +230,9 @@ class Daemon:
         return self.trackers[start:] + self.trackers[:start]
 
     async def _live_sidecars(self) -> int:
+        """Sidecars whose heartbeat key lives. Each one refreshes its own with
+        the lease TTL at every round, so a dead sidecar stops counting when
+        its leases run out and the survivors' fair share covers its tables."""
         ids = {w["id"] for w in await control.workers(self.manager)} | {self.worker_id}
         return len(ids)
 
@@ -302,10 +312,15 @@ class Daemon:
         return await self.manager.apply(changes)
 
     def _on_result(self, changes: Sequence[Change], result: ApplyResult, latency: float) -> None:
-        for change in changes:
-            self.metrics.changes_applied.labels(change.table).inc()
+        for table, count in Counter(change.table for change in changes).items():  # one label lookup per table
+            self.metrics.changes_applied.labels(table).inc(count)
         for rejected in result.rejected:
             self.metrics.dead_lettered.labels(rejected.change.table).inc()
+        if result.fenced:  # their trackers stop at their next checkpoint (LeaseLost)
+            log.warning(
+                "changes refused (FENCED): another sidecar owns their table now",
+                extra={"tables": sorted({c.table for c in result.fenced}), "changes": len(result.fenced)},
+            )
         self.metrics.changes_published.inc(result.published)
         self.metrics.batch_size.observe(len(changes))
         self.metrics.apply_latency.observe(latency)
@@ -379,9 +394,7 @@ class Daemon:
             fields[f"state:{tracker.table}"] = tracker.state
             fields[f"applied:{tracker.table}"] = str(tracker.applied)
         try:
-            await self.manager.heartbeat(
-                self.worker_id, fields, ttl=max(3 * self.config.worker.heartbeat, 10)
-            )
+            await self.manager.heartbeat(self.worker_id, fields, ttl=self.config.worker.lease_ttl)
         except TransientError as exc:
             log.warning("heartbeat failed", extra={"error": str(exc)})
 

@@ -56,12 +56,9 @@ class TableMapper:
         )
 
     def encode(self, values: dict[str, Any], key: dict[str, Any]) -> dict[str, bytes]:
-        encoded: dict[str, bytes] = {}
-        size = 0
-        for column in self.columns:
-            text = encode_value(values.get(column), column)
-            size += len(text) + len(column)
-            encoded[column] = text
+        get = values.get
+        encoded = {column: encode_value(get(column), column) for column in self.columns}
+        size = sum(map(len, encoded.values())) + sum(map(len, self.columns))
         if size > self.max_row_bytes:
             raise PoisonChange(
                 f"row {self.describe_key(key)} is {size} bytes encoded, over max_row_bytes={self.max_row_bytes}"

@@ -68,6 +68,9 @@ class Template:
                 )
 
     def render(self, values: Mapping[str, object]) -> str:
+        if len(self.parts) == 1:  # a literal or one column: the common cases, once per change
+            is_column, text = self.parts[0]
+            return render_key_value(values[text]) if is_column else text
         return "".join(
             render_key_value(values[text]) if is_column else text for is_column, text in self.parts
         )

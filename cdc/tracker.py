@@ -20,6 +20,7 @@ changes, which the apply rule makes harmless.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -29,7 +30,7 @@ from typing import Literal
 from cdc.backoff import EmptyPollBackoff
 from cdc.batching import AutoBatchWorker, Ticket
 from cdc.config import TableConfig
-from cdc.errors import PoisonChange, TrackingExpired, TransientError
+from cdc.errors import LeaseLost, PoisonChange, TrackingExpired, TransientError
 from cdc.mapping import TableMapper
 from cdc.metrics import Metrics
 from cdc.sources.base import ChangeRow, ChangeSource, TableInfo
@@ -38,7 +39,11 @@ from publishers.manager import DataManager
 
 log = logging.getLogger("cdc.tracker")
 
-CHECKPOINT_INTERVAL = 1.0  # seconds between checkpoint writes of an idle table
+CHECKPOINT_INTERVAL = 1.0  # seconds between checkpoint writes while changes are applied
+# Seconds between checkpoint writes of a table whose reads find nothing: its
+# version may move (other tables' transactions), but replaying an empty range
+# after a crash costs nothing, and the checkpoint stays far inside retention.
+IDLE_CHECKPOINT_INTERVAL = 30.0
 State = Literal["starting", "snapshotting", "streaming", "degraded", "stopped"]
 
 
@@ -47,6 +52,18 @@ class SnapshotProgress:
     rows: int = 0
     total: int | None = None
     version: int | None = None
+
+
+class _StopEvent(asyncio.Event):
+    """A tracker's stop request; setting it also wakes the tracker from its backoff."""
+
+    def __init__(self, wake: asyncio.Event) -> None:
+        super().__init__()
+        self._wake = wake
+
+    def set(self) -> None:
+        super().set()
+        self._wake.set()
 
 
 class ChangeTracker:
@@ -81,11 +98,12 @@ class ChangeTracker:
         self._tickets: deque[tuple[Ticket, float]] = deque()
         self._persisted: int | None = None
         self._persisted_at = 0.0
+        self._unpersisted_changes = 0  # changes applied since the checkpoint was last written
         self._mapper: TableMapper | None = None
         self._info: TableInfo | None = None
         self._snapshot_request: str | None = None
         self.fence = 0  # fencing token of the lease this tracker works under
-        self.stop_event = asyncio.Event()
+        self.stop_event: asyncio.Event = _StopEvent(self.wake)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -100,7 +118,7 @@ class ChangeTracker:
         may have advanced it."""
         assert self._mapper is not None, "prepare() first"
         self.fence = self._mapper.fence = fence
-        self.stop_event = asyncio.Event()
+        self.stop_event = _StopEvent(self.wake)
         self.caught_up.clear()
         self._tickets.clear()
         self.position = self.applied = self._persisted = None
@@ -197,14 +215,13 @@ class ChangeTracker:
     async def _wait(self, stop: asyncio.Event) -> None:
         self.metrics.backoff_step.labels(self.table).set(self.backoff.step)
         delay = self.backoff.delay
-        if delay <= 0:
+        if delay <= 0 or stop.is_set():
             return
-        waiters = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(stop.wait())]
-        try:
-            await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
+        # stop_event sets wake too (_StopEvent): one future and a timer, not two tasks
+        # (an idle table waits ten times a second at first: the tasks cost more than the poll)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await self.wake.wait()
 
     @staticmethod
     async def _sleep(stop: asyncio.Event, delay: float) -> None:
@@ -252,7 +269,7 @@ class ChangeTracker:
         if version is None:
             version = await self.source.current_version()
         ticket.seal()
-        await ticket.done.wait()
+        await self._applied(ticket)
         return version
 
     async def _sweep(self, version: int) -> None:
@@ -262,7 +279,7 @@ class ChangeTracker:
         async for partition, key in self.manager.stale_keys(self.config.section, version):
             await self.worker.put(self._mapper.delete(partition, key, version), ticket)
         ticket.seal()
-        await ticket.done.wait()
+        await self._applied(ticket)
 
     # -- checkpoints -----------------------------------------------------------
 
@@ -279,12 +296,28 @@ class ChangeTracker:
                 if not block:
                     break
                 await ticket.done.wait()
+            self._check_refused(ticket)  # and it stays at the head: nothing can pass it
             self._tickets.popleft()
             self.applied = ticket.version
+            self._unpersisted_changes += ticket.changes
             advanced = True
         self._update_lag()
-        if advanced and time.monotonic() - self._persisted_at >= CHECKPOINT_INTERVAL:
+        interval = CHECKPOINT_INTERVAL if self._unpersisted_changes else IDLE_CHECKPOINT_INTERVAL
+        if advanced and time.monotonic() - self._persisted_at >= interval:
             await self._persist("streaming")
+
+    async def _applied(self, ticket: Ticket) -> None:
+        await ticket.done.wait()
+        self._check_refused(ticket)
+
+    def _check_refused(self, ticket: Ticket) -> None:
+        """A read with refused changes was not applied: stop before the
+        checkpoint can pass it (whoever owns the table reads it again)."""
+        if ticket.refused:
+            raise LeaseLost(
+                f"{self.table}: changes refused (FENCED): another sidecar owns the table now, "
+                "or shares a partition with it"
+            )
 
     async def _persist(self, state: Literal["snapshotting", "streaming"]) -> None:
         if self.applied is None:
@@ -292,6 +325,7 @@ class ChangeTracker:
         await self.manager.set_checkpoint(self.table, self.applied, state, fence=self.fence)
         self._persisted = self.applied
         self._persisted_at = time.monotonic()
+        self._unpersisted_changes = 0
 
     def refresh_metrics(self) -> None:
         self._update_lag()

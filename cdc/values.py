@@ -46,22 +46,27 @@ def encode_value(value: Any, column: str = "?") -> bytes:
 def _trim(text: bytes) -> bytes:
     """A copy the size of the text. orjson (3.12+) returns its bytes in a buffer
     of at least 4 KiB that it never shrinks: a queued change of ten columns
-    would hold 40 KiB instead of a few hundred bytes."""
-    return bytes(memoryview(text))
+    would hold 40 KiB instead of a few hundred bytes. (``%`` formatting makes
+    an exact-size copy in a third of the time ``bytes(memoryview(...))`` takes.)"""
+    return b"%b" % text
+
+
+def _dumps(value: Any) -> bytes:
+    return b"%b" % orjson.dumps(value)
 
 
 def _float(value: float) -> bytes | None:
-    return _trim(orjson.dumps(value)) if math.isfinite(value) else None  # None: the general path raises
+    return b"%b" % orjson.dumps(value) if math.isfinite(value) else None  # None: the general path raises
 
 
 def _decimal(value: Decimal) -> bytes | None:
-    # fixed-point digits, never an exponent ("0.0000001", not "1E-7"; "1000" for 1E+3):
-    # what the database shows, and what a consumer parses without surprise
-    return f'"{value:f}"'.encode() if value.is_finite() else None
+    # the general path's text of it (digits, '.', '-' and the like: nothing to escape)
+    return b'"%b"' % _plain(value, "?").encode() if value.is_finite() else None
 
 
 def _datetime(value: dt.datetime) -> bytes:
-    return _trim(orjson.dumps(value if value.tzinfo is None else _aware(value)))
+    tz = value.tzinfo
+    return b"%b" % orjson.dumps(value if tz is None or tz is dt.UTC else _aware(value))
 
 
 def _json(value: dict[Any, Any] | list[Any]) -> bytes | None:
@@ -73,7 +78,7 @@ def _json(value: dict[Any, Any] | list[Any]) -> bytes | None:
         text = orjson.dumps(value, option=orjson.OPT_PASSTHROUGH_DATETIME)
     except orjson.JSONEncodeError:
         return None
-    return None if b"null" in text else _trim(text)
+    return None if b"null" in text else b"%b" % text
 
 
 _BY_TYPE: dict[type, Callable[[Any], bytes | None]] = {
@@ -81,10 +86,10 @@ _BY_TYPE: dict[type, Callable[[Any], bytes | None]] = {
     bool: lambda value: b"true" if value else b"false",
     int: lambda value: str(value).encode(),  # exact digits at any size
     float: _float,
-    str: lambda value: _trim(orjson.dumps(value)),
+    str: _dumps,
     Decimal: _decimal,
-    uuid.UUID: lambda value: f'"{value}"'.encode(),
-    dt.date: lambda value: _trim(orjson.dumps(value)),
+    uuid.UUID: _dumps,  # orjson writes the canonical lowercase form
+    dt.date: _dumps,
     dt.datetime: _datetime,
     dict: _json,
     list: _json,

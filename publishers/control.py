@@ -5,22 +5,53 @@ doctor`` checks on the Redis side.
 Checkpoint hash fields besides DESIGN.md's ``version``/``updated_at``/``state``:
 ``snapshot_requested`` (set by ``cdc snapshot`` for the owning sidecar to act
 on), ``snapshot_rows`` and ``snapshot_total`` (progress of a running snapshot).
+
+Every function maps redis-py errors onto ``cdc.errors`` (``RedisUnavailable``
+for what may pass), like the data manager: the daemon calls them from loops
+that retry ``TransientError`` and must not die of a raw ``ConnectionError``
+while Redis restarts.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from redis import exceptions as rex
 
 from cdc.sources.base import Finding
+from publishers import connection
 from publishers.manager import DataManager
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _translated(
+    fn: Callable[Concatenate[DataManager, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[DataManager, P], Coroutine[Any, Any, T]]:
+    """Map the driver's errors onto cdc.errors at this adapter boundary, and
+    never abandon a command half-way when cancelled (``connection.finish``: a
+    tracker that loses its lease is cancelled wherever it is)."""
+
+    @functools.wraps(fn)
+    async def wrapper(manager: DataManager, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await connection.finish(fn(manager, *args, **kwargs))
+        except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
+            raise connection.translate(exc, manager.config.url) from None
+
+    return wrapper
+
+
+@_translated
 async def workers(manager: DataManager) -> list[dict[str, str]]:
     """Every live worker's heartbeat, with its id and the heartbeat's age."""
     pattern = manager.layout.worker("*")
@@ -36,15 +67,30 @@ async def workers(manager: DataManager) -> list[dict[str, str]]:
     return sorted(out, key=lambda w: w["id"])
 
 
+@_translated
 async def remove_heartbeat(manager: DataManager, worker_id: str) -> None:
     """A worker that stops cleanly says so at once instead of letting its heartbeat expire."""
     await manager.client.delete(manager.layout.worker(worker_id))
 
 
+@_translated
+async def keep_alive(manager: DataManager, worker_id: str, ttl: float) -> bool:
+    """Give the worker's heartbeat ``ttl`` seconds more; False when it is gone
+    (expired, or Redis lost it): write a whole heartbeat then.
+
+    Sidecars count each other by these keys to share the tables. A sidecar
+    refreshes its own at every lease renewal with the lease TTL, so a dead one
+    stops being counted when its leases run out, not a heartbeat TTL later:
+    until then the survivors' fair share would leave its tables unowned."""
+    return bool(await manager.client.pexpire(manager.layout.worker(worker_id), max(1, round(ttl * 1000))))
+
+
+@_translated
 async def worker_alive(manager: DataManager, worker_id: str) -> bool:
     return bool(await manager.client.exists(manager.layout.worker(worker_id)))
 
 
+@_translated
 async def table_owners(manager: DataManager, tables: list[str]) -> dict[str, str]:
     """table -> id of the sidecar holding its lease (tables nobody holds are absent)."""
     owners: dict[str, str] = {}
@@ -55,6 +101,7 @@ async def table_owners(manager: DataManager, tables: list[str]) -> dict[str, str
     return owners
 
 
+@_translated
 async def epoch(manager: DataManager) -> str:
     """The id of this Redis data set (``ns:@epoch``), created when absent.
 
@@ -67,23 +114,28 @@ async def epoch(manager: DataManager) -> str:
     return _text(await manager.client.get(key))
 
 
+@_translated
 async def request_snapshot(manager: DataManager, table: str) -> None:
     await manager.client.hset(manager.layout.checkpoint(table), "snapshot_requested", str(time.time()))
 
 
+@_translated
 async def snapshot_requested(manager: DataManager, table: str) -> bool:
     return bool(await manager.client.hexists(manager.layout.checkpoint(table), "snapshot_requested"))
 
 
+@_translated
 async def clear_snapshot_request(manager: DataManager, table: str) -> None:
     await manager.client.hdel(manager.layout.checkpoint(table), "snapshot_requested")
 
 
+@_translated
 async def set_snapshot_progress(manager: DataManager, table: str, rows: int, total: int | None) -> None:
     mapping = {"snapshot_rows": str(rows), "snapshot_total": "" if total is None else str(total)}
     await manager.client.hset(manager.layout.checkpoint(table), mapping=mapping)  # type: ignore[arg-type]
 
 
+@_translated
 async def snapshot_progress(manager: DataManager, table: str) -> dict[str, str] | None:
     raw = await manager.client.hmget(
         manager.layout.checkpoint(table), ["state", "snapshot_rows", "snapshot_total"]
@@ -94,6 +146,7 @@ async def snapshot_progress(manager: DataManager, table: str) -> dict[str, str] 
     return {"rows": rows, "total": total or "?"}
 
 
+@_translated
 async def doctor(manager: DataManager) -> list[Finding]:
     """What will go wrong on the Redis side: eviction, memory, version."""
     findings = []

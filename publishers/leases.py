@@ -85,7 +85,10 @@ class Leases:
         await self._eval(_RELEASE, self.manager.layout.lease(table))
 
     async def holder(self, table: str) -> str | None:
-        value = await self.manager.client.get(self.manager.layout.lease(table))
+        try:
+            value = await connection.finish(self.manager.client.get(self.manager.layout.lease(table)))
+        except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
+            raise connection.translate(exc, self.manager.config.url) from None
         return None if value is None else (value.decode() if isinstance(value, bytes) else str(value))
 
     async def _eval(self, script: str, *keys: str, extra: tuple[str, ...] = ()) -> Any:

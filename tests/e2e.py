@@ -199,6 +199,8 @@ class Writers:
                         for _ in range(rng.randint(1, 4)):
                             await self._one_write(conn, rng)
                     self.transactions += 1
+                except psycopg.ProgrammingError:
+                    raise  # a broken statement must fail the test, not empty the load
                 except psycopg.errors.Error:
                     pass  # conflicts (unique violations, deadlocks) are part of the load
                 await asyncio.sleep(0)
@@ -226,7 +228,7 @@ class Writers:
         elif choice < 0.9:
             await conn.execute(
                 f"insert into {s}.lines values (%s, %s, %s, %s) on conflict (order_id, line) do update"
-                " set qty = {s}.lines.qty + 1",
+                f" set qty = {s}.lines.qty + 1",
                 (i % 20, rng.randint(1, 5), f"sku-{i}", 1),
             )
         else:
@@ -243,5 +245,7 @@ class Writers:
                         await self._one_write(conn, rng)
                         await asyncio.sleep(rng.uniform(0.2, 0.8))
                         await self._one_write(conn, rng)
+                except psycopg.ProgrammingError:
+                    raise
                 except psycopg.errors.Error:
                     pass

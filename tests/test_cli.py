@@ -187,7 +187,9 @@ async def test_snapshot_is_done_by_the_running_sidecar_that_owns_the_table(
     path = write_config(tmp_path / "t.yaml", pg_schema, postgres_dsn, redis_url, namespace, heartbeat="500ms")
     config = make_config(pg_schema, postgres_dsn, redis_url, namespace, heartbeat="500ms")
     async with await psycopg.AsyncConnection.connect(postgres_dsn, autocommit=True) as conn:
-        await conn.execute(f"insert into {pg_schema}.items (id, name) select i, 'n' || i from generate_series(1, 10) i")
+        await conn.execute(
+            f"insert into {pg_schema}.items (id, name) select i, 'n' || i from generate_series(1, 10) i"
+        )
     assert cdc("tracking", "enable", "-c", str(path)).returncode == 0
     daemon = Daemon(config)
     task = asyncio.create_task(daemon.run())

@@ -375,6 +375,30 @@ async def test_wait_for_changes_reconnects_after_losing_its_connection(pg: Postg
                 break
 
 
+async def test_notify_false_listens_to_nothing(pg: PostgresHarness) -> None:
+    """``notify: false``: no LISTEN connection; waits time out, trackers rely on their backoff."""
+    info, _ = await tracked(pg)
+    config = SourceConfig(kind="postgres", dsn=pg.dsn, tracking_schema=pg.tracking_schema, notify=False)
+    source = make_source(config)
+    await source.connect()
+    try:
+        since = await source.current_version()
+        assert await source.wait_for_changes(0.01) == set()
+        waiter = asyncio.create_task(source.wait_for_changes(0.5))
+        await asyncio.sleep(0)
+        await execute(pg, "insert into {s}.items values (1, 1, 'unheard')")
+        assert await waiter == set()
+        listening = await scalar(
+            pg,
+            "select count(*) from pg_stat_activity where query ilike 'listen%%' and datname = current_database()",
+        )
+        assert listening == 0
+        rows, _ = await read_all(source, info, since)  # the change is there for the next poll
+        assert [r.key for r in rows] == [{"id": 1}]
+    finally:
+        await source.close()
+
+
 # -- errors ----------------------------------------------------------------------
 
 

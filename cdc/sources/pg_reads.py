@@ -1,7 +1,9 @@
 """Net-change and snapshot queries, and the rows they turn into.
 
 A read of changes selects the tracked entries in ``(since, bound]`` joined to
-the source table, in ``(version, primary key)`` order. When more rows qualify
+the source table, in ``(version, primary key)`` order. A read that fits one
+page is one statement (``whole_read_query``): the window and the rows in one
+snapshot, no transaction, one round trip. When more rows qualify
 than one page holds, the rest must still come from the *same* snapshot: read
 in a later transaction, a row whose entry moved above the bound in between
 would be left to the next read, which classifies it relative to the bound
@@ -14,11 +16,12 @@ without holding a transaction open between the caller's calls.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from psycopg import sql
+from psycopg import AsyncCursor, sql
 
 from cdc.sources.base import ChangePage, ChangeRow, Cursor, TableInfo
 from cdc.sources.pg_catalog import Connection
@@ -26,11 +29,20 @@ from cdc.sources.pg_catalog import Connection
 _names = itertools.count(1)
 
 
-def changes_query(schema: str, net: str, table: TableInfo, *, after: bool, limit: bool) -> sql.Composed:
+def changes_query(
+    schema: str,
+    net: str,
+    table: TableInfo,
+    *,
+    after: bool,
+    limit: bool,
+    bound: sql.Composable | None = None,
+) -> sql.Composed:
     """Entries in (since, bound], after a (version, key) cursor when ``after``,
-    joined to the source row. Parameters: since, bound, [cursor...], [limit].
-    Row layout: version, op, creation_version, column_versions, found, the key
-    (from the entry, so deletes have it too), the published columns."""
+    joined to the source row. Parameters: since, bound (unless ``bound`` is
+    given as an expression), [cursor...], [limit]. Row layout: version, op,
+    creation_version, column_versions, found, the key (from the entry, so
+    deletes have it too), the published columns."""
     keys = sql.SQL(", ").join(sql.Identifier("n", k) for k in table.primary_key)
     on = sql.SQL(" and ").join(
         sql.SQL("{} = {}").format(sql.Identifier("t", k), sql.Identifier("n", k)) for k in table.primary_key
@@ -42,8 +54,9 @@ def changes_query(schema: str, net: str, table: TableInfo, *, after: bool, limit
     return sql.SQL(
         "select n.version, n.op, n.creation_version, n.column_versions, {found} is not null, {keys}, {columns}"
         " from {net} as n left join {source} as t on {on}"
-        " where n.version > %s and n.version <= %s{cursor} order by n.version, {keys}{limit}"
+        " where n.version > %s and n.version <= {bound}{cursor} order by n.version, {keys}{limit}"
     ).format(
+        bound=sql.Placeholder() if bound is None else bound,
         found=sql.Identifier("t", table.primary_key[0]),
         keys=keys,
         columns=sql.SQL(", ").join(sql.Identifier("t", c) for c in table.column_names),
@@ -52,6 +65,29 @@ def changes_query(schema: str, net: str, table: TableInfo, *, after: bool, limit
         on=on,
         cursor=cursor,
         limit=sql.SQL(" limit %s") if limit else sql.SQL(""),
+    )
+
+
+def window_query(schema: str) -> sql.Composed:
+    """This snapshot's bound (xmin - 1) and xmax, and the table's registry entry
+    (net table, min_valid_version). Parameter: "schema.name"."""
+    return sql.SQL(
+        "select pg_snapshot_xmin(s)::text::bigint - 1 as bound, pg_snapshot_xmax(s)::text::bigint as xmax,"
+        " r.net_table, r.min_valid_version"
+        " from pg_current_snapshot() as s left join {} as r on r.table_name = %s"
+    ).format(sql.Identifier(schema, "tracked_tables"))
+
+
+def whole_read_query(schema: str, net: str, table: TableInfo) -> sql.Composed:
+    """The window and the first ``limit`` entries up to its bound, in ONE
+    statement, so in one snapshot without a transaction around it: a read
+    that fits one page (every poll of a table that is quiet or keeping up)
+    costs one round trip instead of four. Parameters: "schema.name", since,
+    limit. Row layout: the window's four columns, then ``changes_query``'s
+    (all NULL, in the one row, when there is no entry)."""
+    changes = changes_query(schema, net, table, after=False, limit=True, bound=sql.SQL("w.bound"))
+    return sql.SQL("select * from ({}) as w left join lateral ({}) as c on true").format(
+        window_query(schema), changes
     )
 
 
@@ -88,11 +124,48 @@ class _RowReader:
 
 def change_page(table: TableInfo, since: int, bound: int, records: Sequence[Any], limit: int) -> ChangePage:
     """Up to ``limit`` rows; ``records`` holds one more when another page follows."""
-    rows = list(map(_RowReader(table, since), records[:limit]))
-    if len(records) <= limit:
+    return _page(list(map(_RowReader(table, since), records[:limit])), bound, len(records) > limit)
+
+
+def _page(rows: list[ChangeRow], bound: int, more: bool) -> ChangePage:
+    if not more:
         return ChangePage(rows, bound)
     last = rows[-1]
     return ChangePage(rows, bound, more=True, cursor=(last.version, tuple(last.key.values())))
+
+
+# Rows loaded and converted between two yields to the event loop. Loading a
+# page of 5,000 rows at once holds the loop for ~100 ms, during which the
+# batch applier cannot send the next batch to Redis, which then sits idle.
+CHUNK = 500
+
+
+async def fetch_all(cursor: AsyncCursor[Any]) -> list[Any]:
+    """``cursor.fetchall()`` in chunks, yielding to the event loop between them."""
+    records: list[Any] = []
+    while chunk := await cursor.fetchmany(CHUNK):
+        records += chunk
+        if len(chunk) < CHUNK:
+            break
+        await asyncio.sleep(0)
+    return records
+
+
+async def load_page(
+    cursor: AsyncCursor[Any], table: TableInfo, since: int, bound: int, limit: int, ahead: list[Any]
+) -> tuple[ChangePage, list[Any]]:
+    """``change_page`` over ``ahead`` and then the cursor's rows (``limit + 1``
+    at most, together), loaded and converted in chunks, yielding between
+    them; also returns the records beyond ``limit`` (the one fetched ahead)."""
+    reader = _RowReader(table, since)
+    records = list(ahead)
+    rows = list(map(reader, records[:limit]))
+    while len(records) <= limit and (chunk := await cursor.fetchmany(CHUNK)):
+        room = limit - len(records)
+        records += chunk
+        rows += map(reader, chunk[: max(0, room)])
+        await asyncio.sleep(0)
+    return _page(rows, bound, len(records) > limit), records[limit:]
 
 
 class HeldRead:
@@ -124,9 +197,9 @@ class HeldRead:
     async def next_page(self, table: TableInfo, limit: int) -> ChangePage:
         count = limit + 1 - len(self.pending)
         fetch = sql.SQL("fetch forward {} from {}").format(sql.Literal(count), sql.Identifier(self.name))
-        records = self.pending + await (await self.conn.execute(fetch)).fetchall()
-        page = change_page(table, self.since, self.bound, records, limit)
-        self.pending, self.after = records[limit:], page.cursor
+        cursor = await self.conn.execute(fetch)
+        page, self.pending = await load_page(cursor, table, self.since, self.bound, limit, self.pending)
+        self.after = page.cursor
         return page
 
     async def close(self) -> None:

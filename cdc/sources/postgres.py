@@ -21,7 +21,8 @@ Connections, each with its own job:
   rest of a paged read (``cdc.sources.pg_reads.HeldRead``);
 - one per snapshot, holding the snapshot's transaction open across pages;
 - one short-lived per administrative call (enable, disable, cleanup);
-- one LISTEN connection for wake-ups (``cdc.sources.pg_listen``).
+- one LISTEN connection for wake-ups (``cdc.sources.pg_listen``), unless
+  the source's ``notify`` is false.
 
 Driver errors are mapped here: connection failures and timeouts to
 ``SourceUnavailable`` (retried), a failing ``connect()`` to ``ConnectError``,
@@ -65,6 +66,9 @@ from cdc.sources.pg_reads import HeldRead
 from cdc.sources.pg_types import check_supported, prepare_session
 
 MIN_SERVER_VERSION = 130000  # pg_current_xact_id() and pg_current_snapshot()
+# A read tries one statement first (``_whole_read``) and takes this many rows
+# at most that way; a larger read pays for them twice, so they are few.
+WHOLE_READ_ROWS = 500
 
 
 def redact_dsn(dsn: str) -> str:
@@ -102,6 +106,8 @@ class PostgresSource:
         self._reader: Connection | None = None
         self._lock = asyncio.Lock()
         self._held: dict[str, HeldRead] = {}  # table -> the rest of a paged read
+        self._paged: set[str] = set()  # tables whose last read took more than one page
+        self._whole_reads: dict[TableInfo, bytes] = {}  # whole_read_query, composed once per table
         self._listener = NotificationListener(self._open, channel=config.tracking_schema)
 
     # -- connections -------------------------------------------------------
@@ -233,12 +239,43 @@ class PostgresSource:
             else:
                 if held is not None:
                     await held.close()  # the caller gave up that read
-                page, held = await self._first_page(conn, table, since, limit, upto, after)
+                whole = None
+                if upto is None and after is None and table.table not in self._paged:
+                    whole = await self._whole_read(conn, table, since, limit)
+                if whole is not None:
+                    page, held = whole, None
+                else:
+                    page, held = await self._first_page(conn, table, since, limit, upto, after)
+                    (self._paged.add if page.more else self._paged.discard)(table.table)
             if held is not None and page.more:
                 self._held[table.table] = held
             elif held is not None:
                 await held.close()  # the read is complete
         return page
+
+    async def _whole_read(
+        self, conn: Connection, table: TableInfo, since: int, limit: int
+    ) -> ChangePage | None:
+        """A read that fits one page, in one statement (``pg_reads.whole_read_query``);
+        None when it does not fit (or anything is unusual): the caller then reads
+        in a transaction, which pages, and which raises the precise errors."""
+        qualified = f"{table.schema}.{table.name}"
+        net = pg_tracking.net_table_name(table.schema, table.name)
+        query = self._whole_reads.get(table)
+        if query is None:
+            query = pg_reads.whole_read_query(self._schema, net, table).as_bytes(conn)
+            self._whole_reads[table] = query
+        probe = min(limit, WHOLE_READ_ROWS)
+        try:
+            records = await (await conn.execute(query, [qualified, since, probe + 1])).fetchall()
+        except psycopg.errors.UndefinedTable:
+            return None  # tracking is not installed, or the net table is gone
+        bound, xmax, registered, min_valid = records[0][:4]
+        self._check_window(table, since, xmax, registered, min_valid)
+        if registered != net or len(records) > probe:
+            return None
+        rows = [record[4:] for record in records if record[4] is not None]
+        return pg_reads.change_page(table, since, max(since, int(bound)), rows, limit)
 
     async def _first_page(
         self,
@@ -255,8 +292,8 @@ class PostgresSource:
             bound = max(since, bound if upto is None else min(upto, bound))
             query = pg_reads.changes_query(self._schema, net, table, after=after is not None, limit=True)
             cursor = [] if after is None else [after[0], *after[1]]
-            records = await (await conn.execute(query, [since, bound, *cursor, limit + 1])).fetchall()
-            page = pg_reads.change_page(table, since, bound, records, limit)
+            result = await conn.execute(query, [since, bound, *cursor, limit + 1])
+            page, _ = await pg_reads.load_page(result, table, since, bound, limit, [])
             if page.cursor is None:
                 return page, None
             rest = pg_reads.changes_query(self._schema, net, table, after=True, limit=False)
@@ -267,21 +304,23 @@ class PostgresSource:
 
     async def _window(self, conn: Connection, table: TableInfo, since: int) -> tuple[int, str]:
         """This snapshot's bound and the table's net table; raises when ``since`` is not valid."""
-        query = sql.SQL(
-            "select pg_snapshot_xmin(s)::text::bigint - 1, pg_snapshot_xmax(s)::text::bigint,"
-            " r.net_table, r.min_valid_version"
-            " from pg_current_snapshot() as s left join {} as r on r.table_name = %s"
-        ).format(sql.Identifier(self._schema, "tracked_tables"))
         qualified = f"{table.schema}.{table.name}"
         try:
-            row = await (await conn.execute(query, [qualified])).fetchone()
+            row = await (await conn.execute(pg_reads.window_query(self._schema), [qualified])).fetchone()
         except psycopg.errors.UndefinedTable:
             raise TrackingNotEnabled(
                 f"{table.table}: change tracking is not installed (cdc tracking enable)"
             ) from None
         assert row is not None
         bound, xmax, net, min_valid = row
-        if net is None:
+        self._check_window(table, since, xmax, net, min_valid)
+        return int(bound), str(net)
+
+    @staticmethod
+    def _check_window(
+        table: TableInfo, since: int, xmax: int, net: str | None, min_valid: int | None
+    ) -> None:
+        if net is None or min_valid is None:
             raise TrackingNotEnabled(f"{table.table}: change tracking is not enabled (cdc tracking enable)")
         if since >= xmax:
             reason = f"the source's next transaction id {xmax} is not above the checkpoint {since}: restored?"
@@ -292,7 +331,6 @@ class PostgresSource:
                 "entries were removed by retention cleanup or a TRUNCATE, or tracking was re-enabled"
             )
             raise TrackingExpired(table.table, reason)
-        return int(bound), str(net)
 
     # -- snapshots -----------------------------------------------------------
 
@@ -309,7 +347,7 @@ class PostgresSource:
                 last: tuple[Any, ...] | None = None
                 while True:
                     query = pg_reads.snapshot_query(table, after=last is not None)
-                    records = await (await conn.execute(query, [*(last or ()), page_size])).fetchall()
+                    records = await pg_reads.fetch_all(await conn.execute(query, [*(last or ()), page_size]))
                     if records or last is None:
                         rows = [dict(zip(table.column_names, r, strict=True)) for r in records]
                         yield SnapshotPage(version, rows, total)
@@ -336,6 +374,12 @@ class PostgresSource:
     # -- notifications and upkeep --------------------------------------------
 
     async def wait_for_changes(self, timeout: float) -> set[str]:
+        """Tables notified within ``timeout``; with ``notify: false`` nothing is
+        listened to: sleep, report nothing, and the trackers poll on their backoff."""
+        if not self._config.notify:
+            if timeout > 0:
+                await asyncio.sleep(timeout)
+            return set()
         return await self._listener.wait(timeout)
 
     async def cleanup(self, retention: float) -> int:
