@@ -81,11 +81,15 @@ class Env:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             conn.execute("vacuum analyze")
 
-    def save_redis(self, name: str) -> Path:
-        """SAVE the dataset and keep a copy of the RDB file (``restore_redis``)."""
+    def redis_client(self) -> Any:
+        """A blocking client with room for slow commands (SAVE, FLUSHALL of a big dataset)."""
         import redis
 
-        client = redis.Redis.from_url(self.redis_url)
+        return redis.Redis.from_url(self.redis_url, socket_timeout=600)
+
+    def save_redis(self, name: str) -> Path:
+        """SAVE the dataset and keep a copy of the RDB file (``restore_redis``)."""
+        client = self.redis_client()
         try:
             client.save()
         finally:
@@ -101,9 +105,9 @@ class Env:
         self.redis.start()
         import redis
 
-        client = redis.Redis.from_url(self.redis_url)
+        client = self.redis_client()
         try:
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + 300
             while time.monotonic() < deadline:
                 with contextlib.suppress(redis.BusyLoadingError):
                     if client.ping():
@@ -113,9 +117,7 @@ class Env:
             client.close()
 
     def flush_redis(self) -> None:
-        import redis
-
-        client = redis.Redis.from_url(self.redis_url)
+        client = self.redis_client()
         try:
             client.flushall()
         finally:

@@ -125,7 +125,8 @@ def measure(ctx: Context, rate: int, notify: bool, first_id: int) -> dict[str, A
         started = time.time()
         written, achieved = asyncio.run(_write(env.dsn, rate, sizes.latency_seconds, first_id))
         ended = time.time()
-        time.sleep(1.0 if notify else 6.0)  # the last changes (the backoff may be at 5 s without notify)
+        wait_published(ctx, written)  # every change, late ones too: none is left out of the figures
+        time.sleep(0.5)
         ours.send("stop")
         pairs: list[tuple[float, float]] = ours.recv()
         subscriber.join(10)
@@ -151,6 +152,22 @@ def measure(ctx: Context, rate: int, notify: bool, first_id: int) -> dict[str, A
         "p99_ms": round(percentile(counted, 99), 1),
         "max_ms": round(max(counted), 1),
     }
+
+
+def wait_published(ctx: Context, count: int, timeout: float = 300) -> None:
+    """Until the partition's @seq says ``count`` messages were published."""
+    import redis
+
+    client = redis.Redis.from_url(ctx.env.redis_url)
+    key = Layout(NAMESPACE).seq(TABLE)
+    try:
+        deadline = time.monotonic() + timeout
+        while int(client.get(key) or 0) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {client.get(key)!r} of {count} changes were published")
+            time.sleep(0.05)
+    finally:
+        client.close()
 
 
 def wait_streaming(ctx: Context, timeout: float = 60) -> None:

@@ -221,6 +221,7 @@ class DataManager:
         self._script = apply_script()
         self._sha = hashlib.sha1(self._script).hexdigest()  # Redis names scripts by SHA-1
         self._known_pairs: set[tuple[str, str]] = set()
+        self._known_sections: set[str] = set()
         self._header = (
             str(config.stream_max_len),
             str(max(1, round(config.tombstone_ttl * 1000))),
@@ -273,12 +274,12 @@ class DataManager:
                 by_partition.setdefault(change.partition, []).append((change, size))
         if not by_partition:
             return result
-        await self._register_partitions(by_partition)
+        registered = await self._register_partitions(by_partition)
         header: tuple[Any, ...] = (timestamp(now), *self._header)
         chunked = [self._chunks(partition, sized) for partition, sized in by_partition.items()]
         for round_ in itertools.zip_longest(*chunked):
             calls = [_Call(self.layout, header, *chunk) for chunk in round_ if chunk is not None]
-            await self._run_round(calls, header, result)
+            await self._run_round(calls, header, result, registered)
         return result
 
     def _admit(self, change: Change) -> tuple[str | None, int]:
@@ -314,37 +315,61 @@ class DataManager:
         chunks.append((partition, current))
         return chunks
 
-    async def _register_partitions(self, by_partition: Mapping[str, list[tuple[Change, int]]]) -> None:
+    async def _register_partitions(
+        self, by_partition: Mapping[str, list[tuple[Change, int]]]
+    ) -> set[tuple[str, str]]:
         """Record every (section, partition) pair in ``ns:@partitions:section``
         *before* the documents are written, so that a sweep or a subscriber
-        that lists a section's partitions never misses a written one."""
+        that lists a section's partitions never misses a written one. Returns
+        the pairs registered now (the others were known already)."""
         missing: dict[str, set[str]] = {}
         for partition, sized in by_partition.items():
             for change, _ in sized:
                 if (change.section, partition) not in self._known_pairs:
                     missing.setdefault(change.section, set()).add(partition)
         if not missing:
-            return
+            return set()
         pipe = self.client.pipeline(transaction=False)
         for section, partitions in missing.items():
             pipe.sadd(self.layout.partitions(section), *sorted(partitions))
         await self._execute_pipeline(pipe)
         if len(self._known_pairs) > _KNOWN_PAIRS_LIMIT:
             self._known_pairs.clear()
-        self._known_pairs.update((s, p) for s, ps in missing.items() for p in ps)
+        registered = {(s, p) for s, ps in missing.items() for p in ps}
+        self._known_pairs |= registered
+        self._known_sections |= missing.keys()
+        return registered
 
-    async def _run_round(self, calls: list[_Call], header: Sequence[Any], result: ApplyResult) -> None:
+    async def _run_round(
+        self, calls: list[_Call], header: Sequence[Any], result: ApplyResult, registered: set[tuple[str, str]]
+    ) -> None:
         replies = await self._evalsha(calls)
         failed: list[tuple[_Call, BaseException]] = []
+        first: list[_Call] = []  # calls that wrote their partition's first message
         for call, reply in zip(calls, replies, strict=True):
             if _is_fenced(reply):
                 result.fenced.extend(call.changes)  # nothing written: another sidecar owns the table
             elif isinstance(reply, BaseException):
                 failed.append((call, reply))
-            else:
-                self._count(call, reply, result)
+            elif self._count(call, reply, result):
+                first.append(call)
+        if first:
+            await self._registrations_lost(first, registered)
         for call, error in failed:
             await self._isolate(call.partition, call.changes, header, result, error)
+
+    async def _registrations_lost(self, calls: list[_Call], registered: set[tuple[str, str]]) -> None:
+        """These calls started their partition's ``@seq`` from 0: the partition
+        is new (registered by this batch), or Redis lost its data (restarted
+        empty, flushed) after this manager registered it. Then what the cache
+        says about the partition is wrong: forget it and register again now,
+        or sweeps and subscribers would never find the documents written."""
+        partitions = {call.partition for call in calls}
+        stale = {(s, p) for s in self._known_sections for p in partitions} & self._known_pairs
+        stale -= registered
+        if stale:
+            self._known_pairs -= stale
+            await self._register_partitions({c.partition: [(x, 0) for x in c.changes] for c in calls})
 
     async def _isolate(
         self,
@@ -375,7 +400,9 @@ class DataManager:
                 self._count(call, reply, result)
 
     @staticmethod
-    def _count(call: _Call, reply: Reply, result: ApplyResult) -> None:
+    def _count(call: _Call, reply: Reply, result: ApplyResult) -> bool:
+        """Add the call's outcome to ``result``; whether it published the
+        partition's first message (``@seq`` was 0 before it)."""
         statuses, seq = reply
         statuses = statuses.encode() if isinstance(statuses, str) else bytes(statuses)
         published, applied = statuses.count(b"p"), statuses.count(b"a")
@@ -383,6 +410,7 @@ class DataManager:
         result.applied += published + applied
         result.stale += statuses.count(b"s")
         result.seqs[call.partition] = int(seq)
+        return published > 0 and int(seq) == published
 
     async def _evalsha(self, calls: list[_Call]) -> list[Reply]:
         """Send the calls in one round trip; re-load the script on NOSCRIPT

@@ -13,6 +13,14 @@ How it stays exact (DESIGN.md §5):
    gone (the subscriber fell off the stream's trimmed end), or a patch does not
    fit the replica, the documents are loaded again and following continues
    from the current seq; ``on_reload`` is called and ``reloads`` counts it.
+4. *Replaced data*: after each read the entry at the read position must still
+   be the message taken there. A Redis that restarted empty (or was flushed)
+   starts every stream again from seq 1, and reading on from the old
+   position would apply the new data's patches to a replica of the old: the
+   replica is loaded again instead.
+5. *Outages*: ``async for`` keeps following across transient Redis errors
+   (a restart, a failover), retrying with a capped backoff; ``poll()`` raises
+   them to callers that want to decide themselves.
 
 ``from_seq`` replays history first: messages from that seq on are yielded,
 and only those newer than the loaded state are applied to the replica.
@@ -35,7 +43,7 @@ from jsonpointer import JsonPointerException
 from redis import exceptions as rex
 
 from cdc.config import RedisConfig
-from cdc.errors import CdcError
+from cdc.errors import CdcError, TransientError
 from publishers import connection
 from publishers.connection import RedisClient
 from publishers.layout import Layout
@@ -44,22 +52,26 @@ from publishers.messages import Document, Message, apply_patch, decode_message, 
 
 Replica = dict[str, dict[str, Document]]
 
-# Returns {seq, {key, hash, key, hash, ...} per section}. It reads document
+# KEYS: @seq, @stream, then the sections' indexes. Returns {seq, the message
+# at seq (or nil), {key, hash, key, hash, ...} per section}. It reads document
 # keys named by the index, which it cannot declare in advance; they share the
 # partition's {p} hash tag, so on a cluster they live in the slot of KEYS.
 LOAD_SCRIPT = b"""#!lua flags=no-writes
-local out = {redis.call('GET', KEYS[1]) or '0'}
-for s = 2, #KEYS do
+local seq = redis.call('GET', KEYS[1]) or '0'
+local entry = redis.call('XRANGE', KEYS[2], seq .. '-0', seq .. '-0')[1]
+local out = {seq, entry and entry[2][2] or false}
+for s = 3, #KEYS do
   local members = redis.call('SMEMBERS', KEYS[s])
   local docs = {}
   for i = 1, #members do
     docs[2 * i - 1] = members[i]
-    docs[2 * i] = redis.call('HGETALL', ARGV[s - 1] .. members[i])
+    docs[2 * i] = redis.call('HGETALL', ARGV[s - 2] .. members[i])
   end
   out[s] = docs
 end
 return out
 """
+RETRY_MIN, RETRY_MAX = 0.1, 2.0  # seconds between attempts while Redis is unavailable
 
 _REDIS_ERRORS = (rex.RedisError, rex.RedisClusterException, OSError)
 _SCAN_COUNT = 10_000
@@ -98,6 +110,7 @@ class Subscriber:
         self.replica: Replica = {}
         self.seq = 0  # the seq the replica reflects
         self.position = 0  # the last seq read from the stream
+        self._last: bytes | None = None  # the message at ``position``, when known
         self.reloads = 0
         self._started = False
         self._stream = self.layout.stream(partition)
@@ -137,10 +150,18 @@ class Subscriber:
         return self.messages()
 
     async def messages(self) -> AsyncIterator[Message]:
-        """Every message from the start position on, forever."""
-        await self.start()
+        """Every message from the start position on, forever, across Redis
+        outages (transient errors are retried with a capped backoff)."""
+        delay = RETRY_MIN
         while True:
-            for message in await self.poll():
+            try:
+                batch = await self.poll()
+            except TransientError:
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, RETRY_MAX)
+                continue
+            delay = RETRY_MIN
+            for message in batch:
                 yield message
 
     async def poll(self, block: float | None = None) -> list[Message]:
@@ -153,7 +174,24 @@ class Subscriber:
             self.client.xread({self._stream: f"{self.position}-0"}, count=self.count, block=block_ms),
             grace=block_ms / 1000 + connection.SOCKET_TIMEOUT,
         )
+        if not await self._same_stream():
+            await self._reload(fell_off=True)  # what was read belongs to the new data, if anything
+            return []
         return await self._take_all(_entries(reply))
+
+    async def _same_stream(self) -> bool:
+        """Whether the stream still holds, at ``position``, the message taken
+        there. If the entry is gone it was trimmed (the gap is found when the
+        next entries are read), unless ``@seq`` fell below the position: the
+        partition's data was replaced."""
+        if self.position == 0 or self._last is None:
+            return True
+        key = f"{self.position}-0"
+        found = await self._redis(self.client.xrange(self._stream, key, key))
+        if found:
+            return _field(found[0][1]) == self._last
+        seq = await self._redis(self.client.get(self.layout.seq(self.partition)))
+        return int(seq or 0) >= self.position
 
     # -- following ---------------------------------------------------------
 
@@ -161,18 +199,23 @@ class Subscriber:
         """Take entries in seq order, filling gaps; when a gap cannot be filled,
         reload and deliver what was taken before it."""
         out: list[Message] = []
-        for seq, raw in entries:
-            if seq <= self.position:
-                continue
-            if seq != self.position + 1:
-                try:
-                    missing = await self._fill(self.position + 1, seq - 1)
-                except _Inconsistent:
-                    await self._reload(fell_off=True)
-                    return out
-                for entry in missing:
-                    out += await self._take(*entry)
-            out += await self._take(seq, raw)
+        try:
+            for seq, raw in entries:
+                if seq <= self.position:
+                    continue
+                if seq != self.position + 1:
+                    try:
+                        missing = await self._fill(self.position + 1, seq - 1)
+                    except _Inconsistent:
+                        await self._reload(fell_off=True)
+                        return out
+                    for entry in missing:
+                        out += await self._take(*entry)
+                out += await self._take(seq, raw)
+        except TransientError:
+            if not out:
+                raise
+            # deliver what was taken (the replica holds it); the rest is read again
         return out
 
     async def _fill(self, first: int, last: int) -> list[tuple[int, bytes]]:
@@ -186,7 +229,7 @@ class Subscriber:
     async def _take(self, seq: int, raw: bytes) -> list[Message]:
         """Apply one message (if newer than the replica) and say whether to deliver it."""
         message = decode_message(raw)
-        self.position = seq
+        self.position, self._last = seq, raw
         section = message.get("section")
         if seq > self.seq:
             self.seq = seq
@@ -212,7 +255,7 @@ class Subscriber:
         """Read from ``from_seq`` if the stream still holds it; else say so."""
         first = await self._redis(self.client.xrange(self._stream, f"{from_seq}-0", "+", count=1))
         if first and stream_seq(first[0][0]) == from_seq:
-            self.position = from_seq - 1
+            self.position, self._last = from_seq - 1, None
         else:
             self.reloads += 1
             if self.on_reload is not None:
@@ -224,9 +267,12 @@ class Subscriber:
         """Load the documents again. After a gap the lost messages are skipped
         (position = the new seq); after a patch that did not fit, reading goes
         on from where it was, delivering without applying up to the new seq."""
+        last = self._last
         await self._load()
         if fell_off or self.position > self.seq:
             self.position = self.seq
+        else:
+            self._last = last  # reading goes on from where it was
         self.reloads += 1
         if self.on_reload is not None:
             self.on_reload(self.seq)
@@ -238,28 +284,33 @@ class Subscriber:
         when it is the same after the load, no section was missed."""
         sections = self._fixed_sections or await self._sections()
         for _ in range(10):
-            seq, replica = await self._load_sections(sections)
+            seq, last, replica = await self._load_sections(sections)
             if self._fixed_sections:
                 break
             latest = await self._sections()
             if set(latest) <= set(sections):
                 break
             sections = latest
-        self.seq, self.replica = seq, replica
+        self.seq, self.replica, self._last = seq, replica, last
 
-    async def _load_sections(self, sections: Sequence[str]) -> tuple[int, Replica]:
+    async def _load_sections(self, sections: Sequence[str]) -> tuple[int, bytes | None, Replica]:
         p = self.partition
-        keys = [self.layout.seq(p), *(self.layout.index(p, s) for s in sections)]
+        keys = [self.layout.seq(p), self._stream, *(self.layout.index(p, s) for s in sections)]
         args = [self.layout.document_prefix(p, s) for s in sections]
         reply = await self._redis(self.client.eval(LOAD_SCRIPT, len(keys), *keys, *args))  # type: ignore[arg-type]
         replica: Replica = {}
-        for section, flat in zip(sections, reply[1:], strict=True):
+        for section, flat in zip(sections, reply[2:], strict=True):
             docs = replica.setdefault(section, {})
             for i in range(0, len(flat), 2):
                 document = decode_document(_pairs(flat[i + 1]))
                 if document is not None:
                     docs[_text(flat[i])] = document
-        return int(reply[0]), replica
+        last = reply[1]
+        return (
+            int(reply[0]),
+            (last if isinstance(last, bytes) or last is None else str(last).encode()),
+            replica,
+        )
 
     async def _sections(self) -> list[str]:
         """Sections that have written this partition."""
