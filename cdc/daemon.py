@@ -32,7 +32,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from cdc.batching import AutoBatchWorker
 from cdc.config import Config
-from cdc.errors import CdcError, LeaseLost, TransientError
+from cdc.errors import CdcError, LeaseLost, TrackingNotEnabled, TransientError
 from cdc.health import HealthServer
 from cdc.metrics import Metrics
 from cdc.sources import make_source
@@ -122,7 +122,21 @@ class Daemon:
         self.trackers = [self._tracker(table) for table in self.config.tables]
         for tracker in self.trackers:
             await tracker.prepare()
+        await self._check_tracking()
         self.worker.start()
+
+    async def _check_tracking(self) -> None:
+        """A table whose changes are not tracked at all cannot be followed:
+        refuse to start (exit 2, the table named) rather than snapshot it into
+        Redis and fail at its first read. Tracking that is set up but impaired
+        (PostgreSQL: a capture trigger not ENABLE ALWAYS) is logged, as
+        ``cdc doctor`` reports it."""
+        for status in await self.source.tracking_status(self.config.tables):
+            if status.enabled:
+                continue
+            if status.min_valid_version is None:
+                raise TrackingNotEnabled(f"{status.table}: {status.detail}")
+            log.error("change tracking is impaired", extra={"table": status.table, "detail": status.detail})
 
     async def main_loop(self, once: bool = False) -> None:
         """Hold leases on a fair share of the tables and run their trackers.
@@ -155,7 +169,10 @@ class Daemon:
                 tracker.request_snapshot("requested by cdc snapshot")
         for table in list(self._running):
             if not await self._leases.renew(table):
-                log.warning("lease lost: another sidecar owns the table now", extra={"table": table})
+                log.warning(
+                    "lease lost: it ran out (Redis unreachable, process paused) or another sidecar took it",
+                    extra={"table": table},
+                )
                 self._running.pop(table).cancel()
         free = [t for t in self._rotated() if t.table not in self._running and t.table not in self._done]
         if once:

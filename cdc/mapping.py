@@ -65,6 +65,12 @@ class TableMapper:
             )
         return encoded
 
+    def address(self, key: dict[str, Any], op: Any, version: int) -> Change:
+        """Where a row's change would go (partition, section, key, op,
+        version), without its values: what the dead letter records of a row
+        whose values could not be encoded."""
+        return self._change(key, op, version, None)
+
     def describe_key(self, key: dict[str, Any]) -> str:
         return ", ".join(f"{column}={key.get(column)!r}" for column in self.info.primary_key)
 

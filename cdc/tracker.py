@@ -36,6 +36,7 @@ from cdc.metrics import Metrics
 from cdc.sources.base import ChangeRow, ChangeSource, TableInfo
 from publishers import control
 from publishers.manager import DataManager
+from publishers.model import Change
 
 log = logging.getLogger("cdc.tracker")
 
@@ -44,6 +45,7 @@ CHECKPOINT_INTERVAL = 1.0  # seconds between checkpoint writes while changes are
 # version may move (other tables' transactions), but replaying an empty range
 # after a crash costs nothing, and the checkpoint stays far inside retention.
 IDLE_CHECKPOINT_INTERVAL = 30.0
+MAX_RETRY_DELAY = 5.0  # a failing table retries at least this often: it resumes soon after an outage
 State = Literal["starting", "snapshotting", "streaming", "degraded", "stopped"]
 
 
@@ -154,7 +156,7 @@ class ChangeTracker:
             except TransientError as exc:
                 self._degraded(exc)
                 await self._sleep(stop, retry_delay)
-                retry_delay = min(retry_delay * 2, 30.0)
+                retry_delay = min(retry_delay * 2, MAX_RETRY_DELAY)
                 continue
             if not found and await self._all_applied():
                 self.caught_up.set()
@@ -207,7 +209,8 @@ class ChangeTracker:
             try:
                 change = self._mapper.from_row(row)
             except PoisonChange as exc:
-                await self._dead_letter(str(exc), {"key": {k: str(v) for k, v in row.key.items()}})
+                address = self._mapper.address(row.key, row.op, row.version)
+                await self._dead_letter(str(exc), {"key": {k: str(v) for k, v in row.key.items()}}, address)
                 continue
             if change is not None:
                 await self.worker.put(change, ticket)
@@ -259,8 +262,9 @@ class ChangeTracker:
                 try:
                     change = self._mapper.from_snapshot(row, page.version)
                 except PoisonChange as exc:
-                    key = {c: str(row.get(c)) for c in self._info.primary_key}
-                    await self._dead_letter(str(exc), {"key": key})
+                    key = {c: row.get(c) for c in self._info.primary_key}
+                    address = self._mapper.address(key, "S", page.version)
+                    await self._dead_letter(str(exc), {"key": {c: str(v) for c, v in key.items()}}, address)
                     continue
                 await self.worker.put(change, ticket)
             self.progress.rows += len(page.rows)
@@ -339,10 +343,14 @@ class ChangeTracker:
 
     # -- errors ----------------------------------------------------------------
 
-    async def _dead_letter(self, reason: str, payload: dict[str, object]) -> None:
+    async def _dead_letter(
+        self, reason: str, payload: dict[str, object], address: Change | None = None
+    ) -> None:
+        """Record a row that cannot be applied: with its partition, section
+        and key (``address``) when they are known, and ``payload``."""
         log.error("change dead-lettered", extra={"table": self.table, "reason": reason})
         self.metrics.dead_lettered.labels(self.table).inc()
-        await self.manager.dead_letter(None, reason, table=self.table, payload=payload)
+        await self.manager.dead_letter(address, reason, table=self.table, payload=payload)
 
     def _degraded(self, exc: BaseException) -> None:
         self.state = "degraded"

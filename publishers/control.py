@@ -108,10 +108,15 @@ async def epoch(manager: DataManager) -> str:
     A Redis that restarts empty (no persistence, a wiped replica promoted)
     loses it with everything else: a sidecar that finds a different epoch than
     the one it started with knows its documents and checkpoints are gone and
-    re-snapshots its tables."""
+    re-snapshots its tables. Read first, written only when missing: this runs
+    every lease round, and a Redis out of memory refuses every SET (NX or not)
+    while the leases must still be renewed."""
     key = f"{manager.layout.namespace}:@epoch"
-    await manager.client.set(key, uuid.uuid4().hex, nx=True)
-    return _text(await manager.client.get(key))
+    current = await manager.client.get(key)
+    if current is None:
+        await manager.client.set(key, uuid.uuid4().hex, nx=True)
+        current = await manager.client.get(key)
+    return _text(current)
 
 
 @_translated

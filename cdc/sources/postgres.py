@@ -440,7 +440,7 @@ class PostgresSource:
         """What the source can see: tracking installed, triggers in place, privileges,
         and transactions old enough to hold every table's changes back."""
         async with self._reading("doctor") as conn:
-            findings = await _transaction_findings(conn)
+            findings = await _transaction_findings(conn) + await _durability_findings(conn)
             version = await _bound(conn)
             for table in tables:
                 findings += await self._table_findings(conn, table, version)
@@ -515,6 +515,26 @@ _OLD_TRANSACTIONS = """
              where backend_xid is not null),
            (select count(*) from pg_prepared_xacts)
 """
+
+
+async def _durability_findings(conn: Connection) -> list[Finding]:
+    """Commits PostgreSQL shows before they are durable: after a crash the
+    database can have lost changes that cdc-sync already mirrored."""
+    row = await (
+        await conn.execute("select current_setting('synchronous_commit'), current_setting('fsync')")
+    ).fetchone()
+    synchronous_commit, fsync = row or ("on", "on")
+    if synchronous_commit != "off" and fsync != "off":
+        return [Finding("ok", "source durability", "synchronous_commit and fsync are on")]
+    return [
+        Finding(
+            "warning",
+            "source durability",
+            f"synchronous_commit = {synchronous_commit}, fsync = {fsync}: a crash can lose commits that "
+            "cdc-sync has already mirrored, leaving Redis ahead of the database; turn them on, or run "
+            "cdc snapshot after a crash",
+        )
+    ]
 
 
 async def _transaction_findings(conn: Connection) -> list[Finding]:
