@@ -316,7 +316,7 @@ def versions(env: Env) -> dict[str, str]:
     ).stdout.strip()
     return {
         "python": platform.python_version(),
-        "postgresql": postgres.split()[-1] if postgres else "",
+        "postgresql": next((w for w in postgres.split() if w[:1].isdigit()), postgres),
         "redis": redis_version,
         "redis_py": metadata.version("redis"),
         "hiredis": metadata.version("hiredis"),

@@ -8,14 +8,22 @@ NOTES = """
 - Every figure above comes from this one run; the ratios in the targets table compare figures of
   the same run. The machine has 2 vCPUs for PostgreSQL, Redis, the sidecar and the load generators,
   and is shared: see "Quiet machine" at the top. Figures move by 10-30% between runs on it.
-- Drain: the sidecar is one Python process on one core. Per change it spends about 50-60 µs of CPU
-  (the "sidecar CPU µs/change" column: reading and decoding the row, encoding ten JSON values,
-  building the Lua call), Redis about 30-40 µs (the apply script), PostgreSQL about 10 µs; the
-  sidecar's CPU is the limit.
-- Latency at 10,000 changes/s is over this machine's capacity once the writer (10,000 trigger
-  executions/s in PostgreSQL), the subscriber and the sidecar share its two cores: the backlog, and
-  with it the latency, grows for the whole run. Nothing is dropped: every run waits until every change
-  is published and counts all of them.
+- Drain: the sidecar is one Python process on one core. Per change it spends 45-65 µs of CPU (the
+  "sidecar CPU µs/change" column: reading and decoding the row, encoding ten JSON values, building
+  the Lua call), Redis 25-35 µs (the apply script), PostgreSQL ~6 µs. The batch applier is the
+  bottleneck: it sends a batch, waits for Redis, then takes and builds the next one, so building
+  (~5 ms per 500 changes) and waiting for the event loop (the trackers reading and encoding) are not
+  overlapped with Redis; the trackers, ahead of it, mostly wait for room in the queue. Larger batches
+  amortize that, hence the better figures at 2000.
+- Snapshot: one table, one partition, so one Lua call per batch, each sent after the last returned:
+  the sidecar's ~37 µs of CPU per row and Redis's ~35 µs per row hardly overlap.
+- Latency at 10,000 changes/s is at the edge of this machine's capacity once the writer (10,000
+  trigger executions/s in PostgreSQL), the subscriber and the sidecar share its two cores: on a quiet
+  machine the sidecar keeps up (a quick run measured p99 51 ms with wake-up), under other load it
+  falls behind and the latency grows for the whole run. Nothing is dropped: every run waits until
+  every change is published and counts all of them.
+- The ceiling and the naive baseline move between runs too (ceiling at batch 500: 23,000-34,000/s;
+  naive: 3,400-4,200/s in the runs made during this work), and the ratios with them.
 - Memory is bounded by configuration, not by the backlog: at most ``queue_capacity`` (10,000) encoded
   changes, and per tracked table one page (``page_size``, 5,000 rows) being read. A backlog smaller
   than ten pages (the quick mode's) does not reach that bound, so only the full mode can show the
@@ -85,15 +93,21 @@ figures are from development runs on this machine (same sizes as the quick mode,
   and the ceiling above); the sidecar adds ~40 µs of CPU per row (read, encode, build). 50,000 rows/s
   needs a different snapshot apply (for instance bulk loading without a stream entry and a publish
   per row), which changes what subscribers receive during a snapshot (DESIGN.md §5): not done here.
-- **Idle CPU < 2% for 50 tables.** Right after a table goes quiet its backoff polls at 50 ms, then
-  200 ms, then 1 s: 50 tables make ~100 polls/s in the first seconds, 50/s up to the 83rd second, and
-  10/s once every backoff is at its 5 s step. A poll costs ~0.3 ms of CPU (one round trip through
-  psycopg's asyncio connection) plus bookkeeping. In steady state about a third of the remaining CPU
-  is the sidecar's lease upkeep: every `lease_ttl / 3` (3.3 s) each table's lease renewal and
-  snapshot-request check are separate Redis round trips (~0.15 ms of CPU each through redis-py): 30
-  calls/s for 50 tables. Batching them into one pipeline or script per round would bring it close to
-  the target; that code was being written by another engineer during this work and is left to them.
-- **Latency at 10,000 changes/s** (no target): over capacity on this machine, see above.
+- **Idle CPU < 2% for 50 tables**: met in steady state, missed in the first minute after the tables
+  go quiet. Right after a table goes quiet its backoff polls at 50 ms, then 200 ms, then 1 s: 50
+  tables make ~100 polls/s in the first seconds and ~50/s up to the 83rd second, then 10/s once every
+  backoff is at its 5 s step. A poll costs ~0.3 ms of CPU (one round trip through psycopg's asyncio
+  connection) plus bookkeeping, so the first minute is the backoff configuration's cost (fewer or
+  longer early steps lower it). In steady state a good part of the CPU is the lease upkeep: every
+  `lease_ttl / 3` (3.3 s) each table's lease renewal and snapshot-request check are separate Redis
+  round trips (~0.15 ms of CPU each through redis-py): ~30 calls/s for 50 tables (the "Redis
+  commands/s" column). One pipeline or script per round would remove most of it; that code was being
+  written by another engineer during this work and is left to them.
+- **Drain >= 40% of the ceiling at max_batch_size 100 and 500**: met in some runs (49% at 500 in a
+  quick run), missed in others; see the applier bottleneck above. Overlapping the build of the next
+  batch with Redis's execution of the current one (two batches in flight on one connection) would
+  raise it, but a batch that fails half-way would then be retried after a later one was applied,
+  which breaks the per-partition publication order (DESIGN.md §4): not done.
 
 ## Noticed and left alone
 
