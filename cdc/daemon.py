@@ -164,11 +164,14 @@ class Daemon:
         await self._check_epoch()
         if not await control.keep_alive(self.manager, self.worker_id, self.config.worker.lease_ttl):
             await self._heartbeat()  # gone (first round, or Redis lost it): write it whole
-        for tracker in (t for t in self.trackers if t.table in self._running):
-            if await control.snapshot_requested(self.manager, tracker.table):
+        running = [t for t in self.trackers if t.table in self._running]
+        requested = await control.snapshot_requests(self.manager, [t.table for t in running])
+        for tracker in running:
+            if tracker.table in requested:
                 tracker.request_snapshot("requested by cdc snapshot")
-        for table in list(self._running):
-            if not await self._leases.renew(table):
+        renewed = await self._leases.renew_all(list(self._running))
+        for table, ours in renewed.items():
+            if not ours and table in self._running:
                 log.warning(
                     "lease lost: it ran out (Redis unreachable, process paused) or another sidecar took it",
                     extra={"table": table},

@@ -70,7 +70,10 @@ class Template:
     def render(self, values: Mapping[str, object]) -> str:
         if len(self.parts) == 1:  # a literal or one column: the common cases, once per change
             is_column, text = self.parts[0]
-            return render_key_value(values[text]) if is_column else text
+            if not is_column:
+                return text
+            value = values[text]
+            return str(value) if type(value) in _PLAIN else render_key_value(value)
         return "".join(
             render_key_value(values[text]) if is_column else text for is_column, text in self.parts
         )
@@ -80,6 +83,9 @@ def _literal(text: str, part: str) -> str:
     if "{" in part or "}" in part:
         raise ValueError(f"template {text!r}: unbalanced braces")
     return part
+
+
+_PLAIN = frozenset({int, str})  # exact types whose text in a key is str(value)
 
 
 def render_key_value(value: object) -> str:

@@ -45,6 +45,9 @@ CHECKPOINT_INTERVAL = 1.0  # seconds between checkpoint writes while changes are
 # version may move (other tables' transactions), but replaying an empty range
 # after a crash costs nothing, and the checkpoint stays far inside retention.
 IDLE_CHECKPOINT_INTERVAL = 30.0
+# Rows mapped and queued at a time: a page of 5,000 rows is 100+ ms of CPU,
+# and the batch applier must get to send batches in between.
+SLICE = 256
 MAX_RETRY_DELAY = 5.0  # a failing table retries at least this often: it resumes soon after an outage
 State = Literal["starting", "snapshotting", "streaming", "degraded", "stopped"]
 
@@ -86,6 +89,11 @@ class ChangeTracker:
         self.manager = manager
         self.worker = worker
         self.metrics = metrics
+        # this table's series, looked up once: an idle table updates them at every poll
+        self._changes_read = metrics.changes_read.labels(self.table)
+        self._backoff_step = metrics.backoff_step.labels(self.table)
+        self._lag_seconds = metrics.lag_seconds.labels(self.table)
+        self._lag_versions = metrics.lag_versions.labels(self.table)
         self.page_size = page_size
         self.max_row_bytes = max_row_bytes
         self.backoff = EmptyPollBackoff(config.backoff)
@@ -199,27 +207,39 @@ class ChangeTracker:
         self.source_version = page.next_version
         self.state = "streaming"
         self.backoff.record(rows > 0)
-        self.metrics.changes_read.labels(self.table).inc(rows)
+        if rows:
+            self._changes_read.inc(rows)
         await self._complete_tickets(block=False)
         return rows > 0
 
     async def _enqueue_rows(self, rows: list[ChangeRow], ticket: Ticket) -> None:
+        """Map ``rows`` and queue their changes, ``SLICE`` rows at a time (the
+        worker's applier runs between slices)."""
         assert self._mapper is not None
-        for row in rows:
-            try:
-                change = self._mapper.from_row(row)
-            except PoisonChange as exc:
-                address = self._mapper.address(row.key, row.op, row.version)
-                await self._dead_letter(str(exc), {"key": {k: str(v) for k, v in row.key.items()}}, address)
-                continue
-            if change is not None:
-                await self.worker.put(change, ticket)
+        from_row = self._mapper.from_row
+        for start in range(0, len(rows), SLICE):
+            changes: list[Change] = []
+            for row in rows[start : start + SLICE]:
+                try:
+                    change = from_row(row)
+                except PoisonChange as exc:
+                    address = self._mapper.address(row.key, row.op, row.version)
+                    payload: dict[str, object] = {"key": {k: str(v) for k, v in row.key.items()}}
+                    await self._dead_letter(str(exc), payload, address)
+                    continue
+                if change is not None:
+                    changes.append(change)
+            await self.worker.put_many(changes, ticket)
 
     async def _wait(self, stop: asyncio.Event) -> None:
-        self.metrics.backoff_step.labels(self.table).set(self.backoff.step)
+        self._backoff_step.set(self.backoff.step)
         delay = self.backoff.delay
         if delay <= 0 or stop.is_set():
             return
+        if self._info is not None and self.position is not None:
+            # a read known to find nothing is not worth a wake-up: the table's
+            # notification sets ``wake`` (as do a stop and a snapshot request)
+            delay = max(delay, self.source.quiet_for(self._info, self.position))
         # stop_event sets wake too (_StopEvent): one future and a timer, not two tasks
         # (an idle table waits ten times a second at first: the tasks cost more than the poll)
         with contextlib.suppress(TimeoutError):
@@ -258,15 +278,17 @@ class ChangeTracker:
         async for page in self.source.snapshot(self._info, page_size=self.page_size):
             version = ticket.version = page.version
             self.progress.version, self.progress.total = version, page.total
-            for row in page.rows:
-                try:
-                    change = self._mapper.from_snapshot(row, page.version)
-                except PoisonChange as exc:
-                    key = {c: row.get(c) for c in self._info.primary_key}
-                    address = self._mapper.address(key, "S", page.version)
-                    await self._dead_letter(str(exc), {"key": {c: str(v) for c, v in key.items()}}, address)
-                    continue
-                await self.worker.put(change, ticket)
+            for start in range(0, len(page.rows), SLICE):
+                changes: list[Change] = []
+                for row in page.rows[start : start + SLICE]:
+                    try:
+                        changes.append(self._mapper.from_snapshot(row, page.version))
+                    except PoisonChange as exc:
+                        key = {c: row.get(c) for c in self._info.primary_key}
+                        address = self._mapper.address(key, "S", page.version)
+                        payload: dict[str, object] = {"key": {c: str(v) for c, v in key.items()}}
+                        await self._dead_letter(str(exc), payload, address)
+                await self.worker.put_many(changes, ticket)
             self.progress.rows += len(page.rows)
             self.metrics.snapshot_rows.labels(self.table).inc(len(page.rows))
             await control.set_snapshot_progress(self.manager, self.table, self.progress.rows, page.total)
@@ -337,9 +359,9 @@ class ChangeTracker:
 
     def _update_lag(self) -> None:
         oldest = self._tickets[0][1] if self._tickets else None
-        self.metrics.lag_seconds.labels(self.table).set(time.monotonic() - oldest if oldest else 0.0)
+        self._lag_seconds.set(time.monotonic() - oldest if oldest else 0.0)
         if self.source_version is not None and self.applied is not None:
-            self.metrics.lag_versions.labels(self.table).set(max(0, self.source_version - self.applied))
+            self._lag_versions.set(max(0, self.source_version - self.applied))
 
     # -- errors ----------------------------------------------------------------
 

@@ -31,10 +31,10 @@ def encode_value(value: Any, column: str = "?") -> bytes:
     """The JSON text of one column value.
 
     This runs once per column of every change, so the common types take a
-    shortcut chosen by their exact type (``_BY_TYPE``); anything else, and any
+    shortcut chosen by their exact type (``SHORTCUTS``); anything else, and any
     value a shortcut declines (returns None), takes the general path."""
     try:
-        shortcut = _BY_TYPE.get(type(value))
+        shortcut = SHORTCUTS.get(type(value))
         text = None if shortcut is None else shortcut(value)
         if text is None:
             text = _trim(orjson.dumps(_plain(value, column), default=_default))
@@ -81,10 +81,10 @@ def _json(value: dict[Any, Any] | list[Any]) -> bytes | None:
     return None if b"null" in text else b"%b" % text
 
 
-_BY_TYPE: dict[type, Callable[[Any], bytes | None]] = {
+SHORTCUTS: dict[type, Callable[[Any], bytes | None]] = {
     type(None): lambda value: b"null",
     bool: lambda value: b"true" if value else b"false",
-    int: lambda value: str(value).encode(),  # exact digits at any size
+    int: lambda value: b"%d" % value,  # exact digits at any size (ValueError over 4300 digits)
     float: _float,
     str: _dumps,
     Decimal: _decimal,

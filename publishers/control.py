@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from redis import exceptions as rex
@@ -127,6 +127,18 @@ async def request_snapshot(manager: DataManager, table: str) -> None:
 @_translated
 async def snapshot_requested(manager: DataManager, table: str) -> bool:
     return bool(await manager.client.hexists(manager.layout.checkpoint(table), "snapshot_requested"))
+
+
+@_translated
+async def snapshot_requests(manager: DataManager, tables: Sequence[str]) -> set[str]:
+    """Which of ``tables`` have a snapshot requested, in one round trip."""
+    if not tables:
+        return set()
+    pipe = manager.client.pipeline(transaction=False)
+    for table in tables:
+        pipe.hexists(manager.layout.checkpoint(table), "snapshot_requested")
+    replies = await pipe.execute()
+    return {table for table, requested in zip(tables, replies, strict=True) if requested}
 
 
 @_translated

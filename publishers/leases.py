@@ -15,6 +15,7 @@ lease at its next renewal and stops that table.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from redis import exceptions as rex
@@ -78,6 +79,26 @@ class Leases:
         renewed = bool(await self._eval(_RENEW, self.manager.layout.lease(table)))
         if not renewed:
             self.tokens.pop(table, None)
+        return renewed
+
+    async def renew_all(self, tables: Sequence[str]) -> dict[str, bool]:
+        """``renew`` for every table in ``tables``, in one round trip (a
+        pipeline: fifty tables cost one exchange with Redis per lease round,
+        not fifty)."""
+        if not tables:
+            return {}
+        layout = self.manager.layout
+        pipe = self.manager.client.pipeline(transaction=False)
+        for table in tables:
+            pipe.eval(_RENEW, 1, layout.lease(table), self.owner, self.ttl_ms)
+        try:
+            replies = await connection.finish(pipe.execute())
+        except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
+            raise connection.translate(exc, self.manager.config.url) from None
+        renewed = {table: bool(reply) for table, reply in zip(tables, replies, strict=True)}
+        for table, ours in renewed.items():
+            if not ours:
+                self.tokens.pop(table, None)
         return renewed
 
     async def release(self, table: str) -> None:

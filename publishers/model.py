@@ -13,8 +13,11 @@ from typing import Literal
 ChangeOp = Literal["I", "U", "D", "S"]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Change:
+    """(Treated as immutable; not a frozen dataclass only because one is built
+    per change and a frozen dataclass's ``__init__`` costs twice as much.)"""
+
     table: str  # "schema.name" as registered
     partition: str  # raw partition value (percent-encoded only inside keys)
     section: str

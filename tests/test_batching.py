@@ -132,3 +132,38 @@ def test_backoff_follows_the_configured_steps_and_resets_on_changes() -> None:
     assert delays[100] == 5.0 and delays[119] == 5.0
     backoff.record(found_changes=True)
     assert backoff.delay == 0.0 and backoff.step == -1
+
+
+async def test_put_many_queues_what_fits_waits_for_room_and_keeps_order_across_tickets() -> None:
+    recorder = Recorder(delay=0.01)
+    worker = AutoBatchWorker(recorder, max_batch_size=7, max_wait=1.0, capacity=10)
+    worker.start()
+    first, second = Ticket(version=30), Ticket(version=60)
+    # 30 changes into a queue of 10: the call returns only once all of them are queued
+    await asyncio.wait_for(worker.put_many([change(n) for n in range(1, 31)], first), 10)
+    first.seal()
+    assert worker.depth <= 10
+    await asyncio.wait_for(worker.put_many([change(n) for n in range(31, 61)], second), 10)
+    second.seal()
+    await asyncio.wait_for(second.done.wait(), 10)
+    assert first.done.is_set()  # applied in order: the earlier read first
+    assert (first.changes, first.pending, second.changes, second.pending) == (30, 0, 30, 0)
+    await worker.stop()
+    assert [v for b in recorder.batches for v in b] == list(range(1, 61))
+    assert max(len(b) for b in recorder.batches) <= 7
+
+
+async def test_a_fenced_change_marks_only_its_own_ticket_refused() -> None:
+    async def fence_seven(changes: Sequence[Change]) -> ApplyResult:
+        return ApplyResult(applied=len(changes), fenced=[c for c in changes if c.version == 7])
+
+    worker = AutoBatchWorker(fence_seven, max_batch_size=100, max_wait=1.0, capacity=100)
+    tickets = [Ticket(version=5), Ticket(version=10), Ticket(version=15)]
+    for i, ticket in enumerate(tickets):  # queued before the applier starts: one batch holds all three
+        await worker.put_many([change(n) for n in range(5 * i + 1, 5 * i + 6)], ticket)
+        ticket.seal()
+    worker.start()
+    await asyncio.wait_for(worker.drain(), 5)
+    await worker.stop()
+    assert all(t.done.is_set() for t in tickets)
+    assert [t.refused for t in tickets] == [False, True, False]

@@ -375,6 +375,120 @@ async def test_wait_for_changes_reconnects_after_losing_its_connection(pg: Postg
                 break
 
 
+async def _quiet_read(source: PostgresSource, info: TableInfo, timeout: float = 10.0) -> int:
+    """Read until the source answers a read without sending it; the bound it answers."""
+    since = await source.current_version()
+    async with asyncio.timeout(timeout):
+        while True:
+            skipped = source.reads_skipped
+            page = await source.read_changes(info, since, limit=100)
+            assert page.rows == []
+            if source.reads_skipped > skipped:
+                return page.next_version
+            since = page.next_version
+            await asyncio.sleep(0.01)  # another transaction held the bound back: a server-side condition
+
+
+async def test_reads_that_cannot_find_anything_are_not_sent_until_a_notification(pg: PostgresHarness) -> None:
+    """After an empty read that saw every committed transaction, and with the
+    listener up throughout, a read from its bound is answered without a round
+    trip; the table's notification makes the next read go to the server."""
+    info, source = await tracked(pg)
+    assert isinstance(source, PostgresSource)
+    await source.wait_for_changes(0.01)  # listening from now on
+    bound = await _quiet_read(source, info)
+    skipped = source.reads_skipped
+    assert (await source.read_changes(info, bound, limit=100)).rows == []
+    assert source.reads_skipped == skipped + 1
+    assert 20 < source.quiet_for(info, bound) <= 30  # the tracker may wait for the notification
+    assert source.quiet_for(info, bound - 1) == 0  # another position: unknown
+
+    await execute(pg, "insert into {s}.items values (1, 1, 'after the quiet read')")
+    async with asyncio.timeout(10):
+        while info.table not in await source.wait_for_changes(1):
+            pass
+    assert source.quiet_for(info, bound) == 0
+    page = await source.read_changes(info, bound, limit=100)
+    assert [(r.op, r.key) for r in page.rows] == [("I", {"id": 1})]
+    assert source.reads_skipped == skipped + 1  # sent
+
+
+async def test_a_change_committed_before_a_notification_arrives_is_read_once_it_arrives(
+    pg: PostgresHarness,
+) -> None:
+    """Reads may be skipped while a notification is on its way; none is lost:
+    a waiter of wait_for_changes learns of it, and then the read is sent."""
+    info, source = await tracked(pg)
+    assert isinstance(source, PostgresSource)
+    await source.wait_for_changes(0.01)
+    bound = await _quiet_read(source, info)
+    await execute(pg, "insert into {s}.items values (2, 2, 'racing its notification')")
+    found: list[Any] = []
+    async with asyncio.timeout(10):
+        while not found:
+            await source.wait_for_changes(0.05)
+            found = (await source.read_changes(info, bound, limit=100)).rows
+    assert [(r.op, r.key) for r in found] == [("I", {"id": 2})]
+
+
+async def test_a_commit_above_the_bound_keeps_the_next_read_sent(pg: PostgresHarness) -> None:
+    """An older transaction in progress holds the bound back; a younger one
+    commits above it, and its notification arrives before the reads: they see
+    nothing (its entry is above their bound), and must keep being sent until
+    the bound passes it."""
+    info, source = await tracked(pg)
+    assert isinstance(source, PostgresSource)
+    await source.wait_for_changes(0.01)
+    older = await pg.begin()
+    assert isinstance(older, PostgresWriter)
+    await older.take_version()  # holds the bound back
+    since = await source.current_version()
+    await pg.admin.execute(
+        sql.SQL("insert into {} values (3, 3, 'younger')").format(sql.Identifier(pg.schema, "items"))
+    )
+    async with asyncio.timeout(10):
+        while info.table not in await source.wait_for_changes(1):
+            pass  # the notification is in before the reads start
+    skipped = source.reads_skipped
+    for _ in range(3):
+        page = await source.read_changes(info, since, limit=100)
+        assert page.rows == [] and page.next_version == since  # held back
+    assert source.reads_skipped == skipped
+    await older.rollback()
+    await pg.settle()
+    page = await source.read_changes(info, since, limit=100)
+    assert [(r.op, r.key) for r in page.rows] == [("I", {"id": 3})]
+
+
+async def test_reads_of_a_partitioned_table_are_always_sent(pg: PostgresHarness) -> None:
+    """A write straight into a partition does not notify for its parent."""
+    await pg.admin.execute(
+        sql.SQL("create table {} (id int primary key, n int) partition by range (id)").format(
+            sql.Identifier(pg.schema, "parted")
+        )
+    )
+    await pg.admin.execute(
+        sql.SQL("create table {} partition of {} for values from (0) to (100)").format(
+            sql.Identifier(pg.schema, "parted_low"), sql.Identifier(pg.schema, "parted")
+        )
+    )
+    config = table_config(pg.schema, "parted")
+    source = pg.source
+    assert isinstance(source, PostgresSource)
+    await source.tracking_enable([config])
+    await pg.settle()
+    info = await source.describe(config)
+    await source.wait_for_changes(0.01)
+    since = await source.current_version()
+    skipped = source.reads_skipped
+    for _ in range(3):
+        since = (await source.read_changes(info, since, limit=100)).next_version
+    assert source.reads_skipped == skipped
+    await execute(pg, "insert into {s}.parted_low values (5, 5)")
+    page = await source.read_changes(info, since, limit=100)
+    assert [(r.op, r.key) for r in page.rows] == [("I", {"id": 5})]
+
+
 async def test_notify_false_listens_to_nothing(pg: PostgresHarness) -> None:
     """``notify: false``: no LISTEN connection; waits time out, trackers rely on their backoff."""
     info, _ = await tracked(pg)

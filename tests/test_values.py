@@ -19,7 +19,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cdc.config import TableConfig
 from cdc.errors import PoisonChange
+from cdc.mapping import TableMapper
+from cdc.sources.base import Column, TableInfo
+from cdc.templates import Template
 from cdc.values import _default, _plain, encode_row, encode_value, iso_duration
 
 
@@ -392,6 +396,38 @@ def test_the_per_type_shortcuts_agree_with_the_general_path(value: Any) -> None:
             encode_value(value, "Value")
     else:
         assert encode_value(value, "Value") == expected
+
+
+_MAPPER = TableMapper(
+    TableConfig("s.t", "s", "t", "sec", Template.parse("p"), None, None),
+    TableInfo(
+        "s.t", "s", "t", ("Id",), (Column("Id", "int"), Column("Value", "any"), Column("Other", "any"))
+    ),
+    max_row_bytes=1 << 30,
+)
+
+
+@given(shortcut_values | st.integers(), shortcut_values)
+def test_a_mappers_row_encoding_agrees_with_encode_value(value: Any, other: Any) -> None:
+    """TableMapper.encode inlines encode_value's shortcuts (the read path's hot loop)."""
+    row = {"Id": 1, "Value": value, "Other": other}
+    try:
+        expected: dict[str, bytes] | type[PoisonChange] = {c: encode_value(v, c) for c, v in row.items()}
+    except PoisonChange:
+        expected = PoisonChange
+    if expected is PoisonChange:
+        with pytest.raises(PoisonChange):
+            _MAPPER.encode(row, {"Id": 1})
+    else:
+        assert _MAPPER.encode(row, {"Id": 1}) == expected
+
+
+def test_a_mapper_names_the_column_of_a_value_it_cannot_encode() -> None:
+    with pytest.raises(PoisonChange, match=r"^column Other: "):
+        _MAPPER.encode({"Id": 1, "Value": 1, "Other": 10**5000}, {"Id": 1})
+    with pytest.raises(PoisonChange, match=r"^column Value: "):
+        _MAPPER.encode({"Id": 1, "Value": float("inf"), "Other": 1}, {"Id": 1})
+    assert _MAPPER.encode({"Id": 1, "Value": 10**100}, {"Id": 1})["Value"] == b"1" + b"0" * 100
 
 
 def test_encoded_values_do_not_keep_orjson_buffers() -> None:

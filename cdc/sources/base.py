@@ -26,7 +26,7 @@ Values are native Python (Decimal, datetime, bytes, UUID, dict...);
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -58,13 +58,60 @@ class TableInfo:
         return tuple(c.name for c in self.columns)
 
 
-@dataclass(frozen=True)
 class ChangeRow:
-    op: Op
-    version: int
-    key: dict[str, Any]  # primary-key column -> value (always present, deletes too)
-    values: dict[str, Any] | None  # published column -> value; None when the row is gone
-    changed_columns: frozenset[str] | None = None  # None: unknown (not "nothing")
+    """One net change of one row.
+
+    - ``key``: primary-key column -> value (always present, deletes too)
+    - ``values``: published column -> value; None when the row is gone
+    - ``changed_columns``: for an update, the published columns changed after
+      the read's ``since``; None: unknown (not "nothing"). A source may pass a
+      function that computes them: nothing downstream of the source needs
+      them, so a read does not pay for them (a set per update) unless asked.
+
+    A plain class with slots, not a frozen dataclass: a read builds one per
+    changed row, and a frozen dataclass's ``__init__`` costs twice as much."""
+
+    __slots__ = ("op", "version", "key", "values", "_changed")
+
+    def __init__(
+        self,
+        op: Op,
+        version: int,
+        key: dict[str, Any],
+        values: dict[str, Any] | None,
+        changed_columns: frozenset[str] | Callable[[], frozenset[str] | None] | None = None,
+    ) -> None:
+        self.op = op
+        self.version = version
+        self.key = key
+        self.values = values
+        self._changed = changed_columns
+
+    @property
+    def changed_columns(self) -> frozenset[str] | None:
+        changed = self._changed
+        if callable(changed):
+            changed = self._changed = changed()
+        return changed
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ChangeRow):
+            return NotImplemented
+        return (self.op, self.version, self.key, self.values, self.changed_columns) == (
+            other.op,
+            other.version,
+            other.key,
+            other.values,
+            other.changed_columns,
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable dicts inside
+
+    def __repr__(self) -> str:
+        return (
+            f"ChangeRow(op={self.op!r}, version={self.version!r}, key={self.key!r},"
+            f" values={self.values!r}, changed_columns={self.changed_columns!r})"
+        )
 
 
 @dataclass(frozen=True)
@@ -136,6 +183,13 @@ class ChangeSource(Protocol):
         """Block up to ``timeout`` seconds for a change notification; return
         the notified tables ("schema.name"), empty on timeout. Sources with
         no notification simply sleep and return an empty set."""
+        ...
+
+    def quiet_for(self, table: TableInfo, since: int) -> float:
+        """Seconds during which a read of ``table`` from ``since`` is known to
+        find nothing unless ``wait_for_changes`` reports the table first; 0
+        when that is not known. A tracker whose backoff would poll sooner
+        waits for the notification instead (PostgreSQL; see its module)."""
         ...
 
     async def tracking_enable(self, tables: Sequence[TableConfig]) -> list[str]: ...

@@ -795,6 +795,10 @@ class MssqlSource:
             await asyncio.sleep(timeout)
         return set()
 
+    def quiet_for(self, table: TableInfo, since: int) -> float:
+        """Never known: without notifications, only a read can tell."""
+        return 0.0
+
     async def cleanup(self, retention: float) -> int:
         """SQL Server cleans its change tracking up itself (AUTO_CLEANUP)."""
         return 0

@@ -35,6 +35,7 @@ class CatalogTable:
     name: str
     primary_key: tuple[str, ...]
     columns: tuple[CatalogColumn, ...]
+    partitioned: bool = False  # a partitioned table (relkind 'p'), not an ordinary one
 
     @property
     def qualified(self) -> str:
@@ -45,7 +46,7 @@ class CatalogTable:
 
 
 _FIND_TABLE = """
-    select c.oid from pg_class c join pg_namespace n on n.oid = c.relnamespace
+    select c.oid, c.relkind = 'p' from pg_class c join pg_namespace n on n.oid = c.relnamespace
     where n.nspname = %s and c.relname = %s and c.relkind in ('r', 'p')
 """
 
@@ -78,7 +79,7 @@ async def find_table(conn: Connection, schema: str, name: str) -> CatalogTable |
     found = await (await conn.execute(_FIND_TABLE, [schema, name])).fetchone()
     if found is None:
         return None
-    oid = found[0]
+    oid, partitioned = found
     key = await (await conn.execute(_PRIMARY_KEY, [oid])).fetchall()
     columns = await (await conn.execute(_COLUMNS, [oid])).fetchall()
     return CatalogTable(
@@ -87,6 +88,7 @@ async def find_table(conn: Connection, schema: str, name: str) -> CatalogTable |
         name=name,
         primary_key=tuple(row[0] for row in key),
         columns=tuple(CatalogColumn(*row) for row in columns),
+        partitioned=bool(partitioned),
     )
 
 

@@ -17,10 +17,12 @@ without holding a transaction open between the caller's calls.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
 from psycopg import AsyncCursor, sql
 
 from cdc.sources.base import ChangePage, ChangeRow, Cursor, TableInfo
@@ -52,7 +54,8 @@ def changes_query(
         placeholders = sql.SQL(", ").join(sql.Placeholder() * (1 + len(table.primary_key)))
         cursor = sql.SQL(" and (n.version, {}) > ({})").format(keys, placeholders)
     return sql.SQL(
-        "select n.version, n.op, n.creation_version, n.column_versions, {found} is not null, {keys}, {columns}"
+        "select n.version, n.op, n.creation_version, n.column_versions::text, {found} is not null,"
+        " {keys}, {columns}"
         " from {net} as n left join {source} as t on {on}"
         " where n.version > %s and n.version <= {bound}{cursor} order by n.version, {keys}{limit}"
     ).format(
@@ -117,9 +120,14 @@ class _RowReader:
         values = dict(zip(self.names, record[end:], strict=True))
         if creation_version > self.since:
             return ChangeRow("I", version, key, values)
+        return ChangeRow("U", version, key, values, functools.partial(self.changed, column_versions))
+
+    def changed(self, column_versions: str | None) -> frozenset[str]:
+        """The published columns changed after ``since``, from the entry's
+        ``column_versions`` (read as text: parsed only if asked for)."""
+        versions: dict[str, int] = orjson.loads(column_versions or "{}")  # column names and xids
         since, published = self.since, self.published
-        changed = frozenset(c for c, v in column_versions.items() if v > since and c in published)
-        return ChangeRow("U", version, key, values, changed)
+        return frozenset(c for c, v in versions.items() if v > since and c in published)
 
 
 def change_page(table: TableInfo, since: int, bound: int, records: Sequence[Any], limit: int) -> ChangePage:
