@@ -46,8 +46,11 @@ CHECKPOINT_INTERVAL = 1.0  # seconds between checkpoint writes while changes are
 # after a crash costs nothing, and the checkpoint stays far inside retention.
 IDLE_CHECKPOINT_INTERVAL = 30.0
 # Rows mapped and queued at a time: a page of 5,000 rows is 100+ ms of CPU,
-# and the batch applier must get to send batches in between.
+# and the batch applier must get to send batches in between. Half a batch
+# (within these bounds), so that the applier, back from Redis, finds its next
+# batch queued and waits for at most half a batch's mapping before sending it.
 SLICE = 256
+MIN_SLICE = 32
 MAX_RETRY_DELAY = 5.0  # a failing table retries at least this often: it resumes soon after an outage
 State = Literal["starting", "snapshotting", "streaming", "degraded", "stopped"]
 
@@ -95,6 +98,7 @@ class ChangeTracker:
         self._lag_seconds = metrics.lag_seconds.labels(self.table)
         self._lag_versions = metrics.lag_versions.labels(self.table)
         self.page_size = page_size
+        self._slice = max(MIN_SLICE, min(SLICE, worker.max_batch_size // 2))
         self.max_row_bytes = max_row_bytes
         self.backoff = EmptyPollBackoff(config.backoff)
         self.wake = asyncio.Event()
@@ -213,13 +217,14 @@ class ChangeTracker:
         return rows > 0
 
     async def _enqueue_rows(self, rows: list[ChangeRow], ticket: Ticket) -> None:
-        """Map ``rows`` and queue their changes, ``SLICE`` rows at a time (the
+        """Map ``rows`` and queue their changes, ``_slice`` rows at a time (the
         worker's applier runs between slices)."""
         assert self._mapper is not None
         from_row = self._mapper.from_row
-        for start in range(0, len(rows), SLICE):
+        step = self._slice
+        for start in range(0, len(rows), step):
             changes: list[Change] = []
-            for row in rows[start : start + SLICE]:
+            for row in rows[start : start + step]:
                 try:
                     change = from_row(row)
                 except PoisonChange as exc:
@@ -278,9 +283,10 @@ class ChangeTracker:
         async for page in self.source.snapshot(self._info, page_size=self.page_size):
             version = ticket.version = page.version
             self.progress.version, self.progress.total = version, page.total
-            for start in range(0, len(page.rows), SLICE):
+            step = self._slice
+            for start in range(0, len(page.rows), step):
                 changes: list[Change] = []
-                for row in page.rows[start : start + SLICE]:
+                for row in page.rows[start : start + step]:
                     try:
                         changes.append(self._mapper.from_snapshot(row, page.version))
                     except PoisonChange as exc:

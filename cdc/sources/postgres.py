@@ -421,7 +421,8 @@ class PostgresSource:
                     query = pg_reads.snapshot_query(table, after=last is not None)
                     records = await pg_reads.fetch_all(await conn.execute(query, [*(last or ()), page_size]))
                     if records or last is None:
-                        rows = [dict(zip(table.column_names, r, strict=True)) for r in records]
+                        names = table.column_names
+                        rows = [dict(zip(names, r, strict=True)) for r in records]
                         yield SnapshotPage(version, rows, total)
                     if len(records) < page_size:
                         return
