@@ -3,6 +3,7 @@
     python -m bench              the reference run (about 20 minutes on 2 cores)
     python -m bench --quick      smaller sizes, under 3 minutes (a smoke run)
     python -m bench --only drain,latency
+    python -m bench --render     rewrite RESULTS.md from results.json (notes edited)
 
 Starts its own PostgreSQL and redis-server (``cdc.devservers``), runs the
 benchmarks, and writes bench/RESULTS.md and bench/results/results.json:
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import shutil
 import sys
@@ -53,7 +55,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes: a smoke run in under 3 minutes")
     parser.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")
+    parser.add_argument(
+        "--render",
+        action="store_true",
+        help="rewrite RESULTS.md from results.json with the current notes; no run",
+    )
     args = parser.parse_args(argv)
+    if args.render:
+        saved = json.loads(report.RESULTS_JSON.read_text())
+        report.write(saved, NOTES)
+        print(f"wrote {report.RESULTS_MD} from {report.RESULTS_JSON}")
+        return 0
     chosen = [name.strip() for name in args.only.split(",") if name.strip()] or list(BENCHMARKS)
     unknown = [name for name in chosen if name not in BENCHMARKS]
     if unknown:

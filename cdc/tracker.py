@@ -241,7 +241,7 @@ class ChangeTracker:
         delay = self.backoff.delay
         if delay <= 0 or stop.is_set():
             return
-        if self._info is not None and self.position is not None:
+        if self._info is not None and self.position is not None and self._settled():
             # a read known to find nothing is not worth a wake-up: the table's
             # notification sets ``wake`` (as do a stop and a snapshot request)
             delay = max(delay, self.source.quiet_for(self._info, self.position))
@@ -250,6 +250,12 @@ class ChangeTracker:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(delay):
                 await self.wake.wait()
+
+    def _settled(self) -> bool:
+        """Every read applied and its changes' checkpoint written: nothing
+        left that a poll (``_complete_tickets``) would still do, such as the
+        checkpoint write or the ``caught_up`` of a burst's last batch."""
+        return not self._tickets and not self._unpersisted_changes
 
     @staticmethod
     async def _sleep(stop: asyncio.Event, delay: float) -> None:

@@ -16,11 +16,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
 import redis.asyncio as aioredis
+from psycopg import sql
 
 from cdc.daemon import Daemon
 from cdc.sources import make_source
+from cdc.sources.pg_tracking import net_table_name
 from publishers.layout import Layout
 from publishers.manager import DataManager
 from publishers.subscriber import Subscriber
@@ -117,6 +120,62 @@ async def test_graceful_shutdown_persists_checkpoints(
     again = Daemon(config)
     await again.run(once=True)
     assert await assert_seq_gap_free(redis_client, namespace, ("items", "lines")) == published
+
+
+async def test_a_quiet_table_is_checkpointed_and_caught_up_soon_after_its_last_change(
+    postgres_dsn: str, redis_url: str, pg_schema: str, namespace: str, redis_client: aioredis.Redis
+) -> None:
+    """An idle table may wait for its notification instead of polling (the
+    source knows a read would find nothing), but not before the last burst's
+    checkpoint is written and the table reported caught up: a crash then
+    replays nothing, and /readyz does not lag by the quiet wait (30 s)."""
+    config = make_config(pg_schema, postgres_dsn, redis_url, namespace)
+    await create_tables(postgres_dsn, pg_schema)
+    await enable_tracking(config)
+    daemon = Daemon(config)
+    run_task = asyncio.create_task(daemon.run())
+    await wait_for(lambda: _all_caught_up(daemon), 30, "the initial snapshots")
+    for burst in range(3):
+        writers = Writers(postgres_dsn, pg_schema, seed=20 + burst)
+        write_task = asyncio.create_task(writers.run(writers=2, long_transactions=0))
+        await wait_for(lambda w=writers: _transactions_at_least(w, 30), 30, "a burst of writes")  # type: ignore[misc]
+        writers.stop.set()
+        await write_task
+        await assert_mirrored(postgres_dsn, pg_schema, redis_client, namespace)
+        manager = DataManager(redis_client, config.redis)
+        written = await _latest_versions(postgres_dsn, config)
+        await wait_for(
+            lambda m=manager, v=written: _checkpoints_cover(m, v),  # type: ignore[misc]
+            5,
+            "checkpoints at the burst's last change",
+        )
+        await wait_for(lambda: _all_caught_up(daemon), 5, "every table caught up")
+        await asyncio.sleep(0.5)  # quiet: the trackers wait for notifications now
+    daemon.request_stop()
+    await run_task
+
+
+async def _all_caught_up(daemon: Daemon) -> bool:
+    return bool(daemon.trackers) and all(t.caught_up.is_set() for t in daemon.trackers)
+
+
+async def _latest_versions(dsn: str, config) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    """table -> the highest version in its tracking entries (its last change)."""
+    out = {}
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        for table in config.tables:
+            net = sql.Identifier(config.source.tracking_schema, net_table_name(table.schema, table.name))
+            row = await (await conn.execute(sql.SQL("select max(version) from {}").format(net))).fetchone()
+            out[table.table] = int(row[0]) if row and row[0] is not None else 0
+    return out
+
+
+async def _checkpoints_cover(manager: DataManager, versions: dict[str, int]) -> bool:
+    for table, version in versions.items():
+        checkpoint = await manager.get_checkpoint(table)
+        if checkpoint is None or checkpoint.version < version:
+            return False
+    return True
 
 
 @pytest.mark.slow
