@@ -8,22 +8,27 @@ NOTES = """
 - Every figure above comes from this one run; the ratios in the targets table compare figures of
   the same run. The machine has 2 vCPUs for PostgreSQL, Redis, the sidecar and the load generators,
   and is shared: see "Quiet machine" at the top. Figures move by 10-30% between runs on it.
-- Drain: the sidecar is one Python process on one core. Per change it spends 45-65 µs of CPU (the
+- **The naive baseline is the weak point of the drain ratios.** It is bound by round trips through
+  redis-py's asyncio client, and their cost on this VM moves from run to run: 2,100-2,400/s on a
+  quiet machine on 2026-11-22 (a plain `redis.asyncio.Redis` loop of 3 x 5,000 HSET+PUBLISH pairs
+  outside the benchmark measured the same, 2,070-2,400/s), 3,400-4,500/s in earlier runs, ~4,000/s
+  in the issue. Against 4,000/s the drain of this run would be 3.1x (batch 100) to 4.1x (batch 2000),
+  short of 5x. The ratios to the apply ceiling (43-55%) are the steadier measure: both sides go
+  through the same Redis.
+- Drain: the sidecar is one Python process on one core. Per change it spends 42-53 µs of CPU (the
   "sidecar CPU µs/change" column: reading and decoding the row, encoding ten JSON values, building
-  the Lua call), Redis 25-35 µs (the apply script), PostgreSQL ~6 µs. The batch applier is the
-  bottleneck: it sends a batch, waits for Redis, then takes and builds the next one, so building
-  (~5 ms per 500 changes) and waiting for the event loop (the trackers reading and encoding) are not
-  overlapped with Redis; the trackers, ahead of it, mostly wait for room in the queue. Larger batches
-  amortize that, hence the better figures at 2000.
-- Snapshot: one table, one partition, so one Lua call per batch, each sent after the last returned:
-  the sidecar's ~37 µs of CPU per row and Redis's ~35 µs per row hardly overlap.
-- Latency at 10,000 changes/s is at the edge of this machine's capacity once the writer (10,000
-  trigger executions/s in PostgreSQL), the subscriber and the sidecar share its two cores: on a quiet
-  machine the sidecar keeps up (a quick run measured p99 51 ms with wake-up), under other load it
-  falls behind and the latency grows for the whole run. Nothing is dropped: every run waits until
-  every change is published and counts all of them.
-- The ceiling and the naive baseline move between runs too (ceiling at batch 500: 23,000-34,000/s;
-  naive: 3,400-4,200/s in the runs made during this work), and the ratios with them.
+  the Lua call), Redis ~33 µs (the apply script), PostgreSQL ~7 µs: ~85 µs of CPU per change on
+  two cores, so about 23,000 changes/s is the most this machine could do with perfect overlap. The
+  sidecar's CPU is the limit; small batches cost more per change (more, smaller Lua calls).
+- Snapshot: one table, one partition. The sidecar spends ~40 µs of CPU per row, Redis ~44 µs (an
+  `S` row writes a whole document, its index entry, and a stream entry and a message holding the
+  whole document); together ~84 µs per row on two cores.
+- Idle: "Redis commands/s" counts the commands run inside scripts too (a lease renewal is an EVAL, a
+  GET and a PEXPIRE); the sidecar sends ~30 calls/s for 50 tables, in two pipelines per lease round.
+  "PostgreSQL xacts/s" is about one statement per table every 30 s, plus the lease-round queries.
+- Latency at 10,000 changes/s is within this machine's capacity now (p99 77 ms with wake-up); in the
+  previous run, with ~55 µs of sidecar CPU per change, the backlog grew for the whole run (p99 1.4 s).
+  Nothing is dropped: every run waits until every change is published and counts all of them.
 - Memory is bounded by configuration, not by the backlog: at most ``queue_capacity`` (10,000) encoded
   changes, and per tracked table one page (``page_size``, 5,000 rows) being read. A backlog smaller
   than ten pages (the quick mode's) does not reach that bound, so only the full mode can show the
@@ -78,44 +83,60 @@ figures are from development runs on this machine (same sizes as the quick mode,
    `PostgresSource.wait_for_changes`): `notify: false` makes the PostgreSQL source listen to nothing,
    so the trackers rely on their backoff alone; the latency benchmark's "without wake-up" runs use it.
 
-## Why the missed targets are missed
+10. **Change rows and changes** (`cdc/sources/base.py`, `publishers/model.py`). `ChangeRow` and
+    `Change` were frozen dataclasses, whose `__init__` sets each field through
+    `object.__setattr__`: 1.9 µs per object against 0.7 µs for a slotted class, twice per change.
+11. **Changed columns on demand** (`cdc/sources/pg_reads.py`). Every update row carried its
+    `column_versions` jsonb, parsed (orjson) into a dict and turned into a frozenset of column
+    names that nothing downstream reads (the apply script compares values itself). The column is
+    now read as text and `changed_columns` computed only when asked (the contract tests still ask).
+12. **Row encoding inlined** (`cdc/mapping.py`). `TableMapper.encode` runs `encode_value`'s
+    per-type shortcuts in its own loop (one call per value instead of three); a hypothesis test
+    checks that it returns exactly what `encode_value` returns, errors included.
+13. **Batch queue** (`cdc/batching.py`, `cdc/tracker.py`). `asyncio.Queue` cost a coroutine per put
+    and a `task_done` per change; the worker now keeps a deque, trackers queue a slice of a page at
+    once (`put_many`, half a batch at a time, at most 256), and tickets complete per run of
+    changes. With 10-13: sidecar CPU ~50 -> ~30-40 µs per change in development drains of 200,000
+    changes, 14,700 -> 17,000-22,000 changes/s at batch 2000 (varying load).
+14. **Idle tables: reads that cannot find anything are not sent** (`cdc/sources/postgres.py`,
+    `pg_listen.py`, `cdc/tracker.py`; docs/DESIGN.md §2, docs/RELIABILITY.md). After an empty read
+    whose snapshot had `xmin = xmax` (every committed transaction is at or below its bound), any
+    later change commits after that snapshot, so its notification arrives after the read began;
+    while the LISTEN connection stays up and no notification for the table has arrived, the next
+    read would find nothing. The source answers it without a round trip and `quiet_for` lets the
+    tracker wait for the notification instead of polling, once its last changes are applied and
+    checkpointed; never for a partitioned table (writes straight into a partition do not notify for
+    the parent), and a read is sent at least every 30 s. A test holds an older transaction open
+    while a younger one commits above the bound and is notified before the reads: they must be sent
+    (it fails with the `xmin = xmax` check removed). 50 idle tables: 4.9% -> 1.0% of a core in the
+    first minute, 1.7% -> 1.0% in steady state; PostgreSQL 66 -> 5 transactions/s.
+15. **Lease rounds pipelined** (`publishers/leases.py`, `publishers/control.py`, `cdc/daemon.py`):
+    the renewals and the snapshot-request checks of all tables held go in two pipelines per round,
+    not two round trips per table. Per-table metric series are looked up once per tracker.
 
-- **Drain >= 5x the naive baseline.** The naive client here is bound by round trips (about 150 µs
-  each through redis-py's asyncio client on this VM's loopback), so it does 3,000-4,000 changes/s,
-  and 5x is 15,000-20,000/s: 60-75% of the apply ceiling itself, and more than one Python process
-  that spends ~55 µs of CPU per change can do (18,000/s at 100% of a core, with perfect overlap of
-  PostgreSQL, Redis and Python on two cores). The two drain targets together assume a naive client
-  about 12x slower than the ceiling; on this machine it is 7-8x slower. The pipelined naive client
-  (one round trip per change) is measured too and is no faster here.
-- **Snapshot >= 50,000 rows/s.** Every snapshot row goes through the apply script like any change
-  (HMGET, HSET, SADD, then XADD, INCR and PUBLISH of an `S` message): Redis alone spends ~25 µs per
-  row on it here, so even the apply path on its own stays under ~30,000 rows/s (`bench/results/APPLY.md`
-  and the ceiling above); the sidecar adds ~40 µs of CPU per row (read, encode, build). 50,000 rows/s
-  needs a different snapshot apply (for instance bulk loading without a stream entry and a publish
-  per row), which changes what subscribers receive during a snapshot (DESIGN.md §5): not done here.
-- **Idle CPU < 2% for 50 tables**: met in steady state, missed in the first minute after the tables
-  go quiet. Right after a table goes quiet its backoff polls at 50 ms, then 200 ms, then 1 s: 50
-  tables make ~100 polls/s in the first seconds and ~50/s up to the 83rd second, then 10/s once every
-  backoff is at its 5 s step. A poll costs ~0.3 ms of CPU (one round trip through psycopg's asyncio
-  connection) plus bookkeeping, so the first minute is the backoff configuration's cost (fewer or
-  longer early steps lower it). In steady state a good part of the CPU is the lease upkeep: every
-  `lease_ttl / 3` (3.3 s) each table's lease renewal and snapshot-request check are separate Redis
-  round trips (~0.15 ms of CPU each through redis-py): ~30 calls/s for 50 tables (the "Redis
-  commands/s" column). One pipeline or script per round would remove most of it; that code was being
-  written by another engineer during this work and is left to them.
-- **Drain >= 40% of the ceiling at max_batch_size 100 and 500**: met in some runs (49% at 500 in a
-  quick run), missed in others; see the applier bottleneck above. Overlapping the build of the next
-  batch with Redis's execution of the current one (two batches in flight on one connection) would
-  raise it, but a batch that fails half-way would then be retried after a later one was applied,
-  which breaks the per-partition publication order (DESIGN.md §4): not done.
+Tried and dropped: preparing the next batch's Lua arguments while the batch before is in Redis (the
+sidecar is CPU-bound, so it only moved the same work earlier: no gain measured).
+
+## Why the missed target is missed
+
+- **Snapshot >= 50,000 rows/s** (13,804 rows/s). Every snapshot row goes through the apply script
+  like any change (HMGET, HSET, SADD, then XADD, INCR and PUBLISH of an `S` message holding the
+  whole document): Redis spends ~44 µs per row on it here, so Redis alone stays under ~23,000
+  rows/s, and the sidecar adds ~40 µs of CPU per row (read, encode, build) on the same two cores.
+  50,000 rows/s needs a different snapshot apply: for instance, documents loaded in bulk without a
+  stream entry and a message per row, and one "reload the section" message at the end. That changes
+  what subscribers receive during a snapshot (DESIGN.md §4 and §5: every change, `S` rows included,
+  is a message with a gap-free `seq`), so it is a contract decision, not made here.
 
 ## Noticed and left alone
 
-- The lease upkeep above; and under heavy CPU load (a tracemalloc-instrumented run) every lease
-  expired ("lease lost") because the event loop was too busy to renew them within `lease_ttl`.
 - redis-py's asyncio client costs ~150 µs of CPU per command (pipelines and scripts amortize it);
   psycopg's asyncio connection ~250 µs per statement.
-- `apply.lua` spends ~25-35 µs of Redis time per change, mostly in the Lua-to-Redis bridge (see
+- `apply.lua` spends ~25-45 µs of Redis time per change, mostly in the Lua-to-Redis bridge (see
   `bench/results/APPLY.md`); that is the apply ceiling.
-- `ChangeRow.changed_columns` is computed for every update and used by nobody downstream.
+- The sidecar's remaining CPU per drained change is spread out: psycopg's row loading (~11%), the
+  row reader and mapping (~25%), value encoding (~15%), packing the EVALSHA (~10%). Decoding
+  values straight from PostgreSQL's text into JSON text (custom loaders, skipping the Python
+  objects) would be the next large step; it must produce byte-identical JSON to `encode_value`.
+- `control.workers` still SCANs the keyspace every lease round.
 """
