@@ -250,11 +250,10 @@ class Daemon:
         return self.trackers[start:] + self.trackers[:start]
 
     async def _live_sidecars(self) -> int:
-        """Sidecars whose heartbeat key lives. Each one refreshes its own with
+        """Sidecars whose registration lives. Each one refreshes it with
         the lease TTL at every round, so a dead sidecar stops counting when
         its leases run out and the survivors' fair share covers its tables."""
-        ids = {w["id"] for w in await control.workers(self.manager)} | {self.worker_id}
-        return len(ids)
+        return len(await control.live_workers(self.manager) | {self.worker_id})
 
     async def shutdown(self) -> None:
         """Stop polling, flush the queue, persist checkpoints, close. Bounded."""

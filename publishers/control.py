@@ -51,38 +51,78 @@ def _translated(
     return wrapper
 
 
+# The worker registry ``ns:@workers``: id -> when its heartbeat expires, in
+# Redis's own clock (TIME), so that sidecars with skewed clocks agree on who is
+# alive. Listing the live workers is one ZRANGEBYSCORE, not a SCAN of a
+# keyspace that holds every document (a round trip per thousand keys, every
+# lease round). Expired entries are dropped at every registration.
+_REGISTER = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. string.format('%d', now))
+if ARGV[2] == '0' then
+  return redis.call('ZREM', KEYS[1], ARGV[1])
+end
+return redis.call('ZADD', KEYS[1], string.format('%d', now + tonumber(ARGV[2])), ARGV[1])
+"""
+_LIVE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZRANGEBYSCORE', KEYS[1], string.format('%d', now), '+inf')
+"""
+
+
+@_translated
+async def live_workers(manager: DataManager) -> set[str]:
+    """The ids of the workers whose registration has not expired."""
+    ids = await manager.client.eval(_LIVE, 1, manager.layout.workers())
+    return {_text(worker_id) for worker_id in ids}
+
+
 @_translated
 async def workers(manager: DataManager) -> list[dict[str, str]]:
     """Every live worker's heartbeat, with its id and the heartbeat's age."""
-    pattern = manager.layout.worker("*")
+    ids = sorted({_text(i) for i in await manager.client.eval(_LIVE, 1, manager.layout.workers())})
+    if not ids:
+        return []
+    pipe = manager.client.pipeline(transaction=False)
+    for worker_id in ids:
+        pipe.hgetall(manager.layout.worker(worker_id))
     out = []
-    async for key in manager.client.scan_iter(match=pattern, count=1000):
-        fields = {_text(k): _text(v) for k, v in (await manager.client.hgetall(key)).items()}
+    for worker_id, heartbeat in zip(ids, await pipe.execute(), strict=True):
+        fields = {_text(k): _text(v) for k, v in heartbeat.items()}
         if not fields:
-            continue
-        fields["id"] = _text(key)[len(pattern) - 1 :]
+            continue  # registered, but its heartbeat is gone (expired a moment ago)
+        fields["id"] = worker_id
         beat = fields.get("heartbeat_at")
         fields["age"] = f"{time.time() - float(beat):.1f}" if beat else ""
         out.append(fields)
-    return sorted(out, key=lambda w: w["id"])
+    return out
 
 
 @_translated
 async def remove_heartbeat(manager: DataManager, worker_id: str) -> None:
     """A worker that stops cleanly says so at once instead of letting its heartbeat expire."""
     await manager.client.delete(manager.layout.worker(worker_id))
+    await manager.client.eval(_REGISTER, 1, manager.layout.workers(), worker_id, "0")
 
 
 @_translated
 async def keep_alive(manager: DataManager, worker_id: str, ttl: float) -> bool:
-    """Give the worker's heartbeat ``ttl`` seconds more; False when it is gone
-    (expired, or Redis lost it): write a whole heartbeat then.
+    """Give the worker's heartbeat and its registration ``ttl`` seconds more;
+    False when the heartbeat is gone (expired, or Redis lost it): write a
+    whole heartbeat then.
 
-    Sidecars count each other by these keys to share the tables. A sidecar
-    refreshes its own at every lease renewal with the lease TTL, so a dead one
-    stops being counted when its leases run out, not a heartbeat TTL later:
-    until then the survivors' fair share would leave its tables unowned."""
-    return bool(await manager.client.pexpire(manager.layout.worker(worker_id), max(1, round(ttl * 1000))))
+    Sidecars count each other by their registrations to share the tables. A
+    sidecar refreshes its own at every lease renewal with the lease TTL, so a
+    dead one stops being counted when its leases run out, not a heartbeat TTL
+    later: until then the survivors' fair share would leave its tables unowned."""
+    ttl_ms = max(1, round(ttl * 1000))
+    pipe = manager.client.pipeline(transaction=False)
+    pipe.pexpire(manager.layout.worker(worker_id), ttl_ms)
+    pipe.eval(_REGISTER, 1, manager.layout.workers(), worker_id, str(ttl_ms))
+    alive, _ = await pipe.execute()
+    return bool(alive)
 
 
 @_translated

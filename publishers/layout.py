@@ -11,6 +11,7 @@ the daemon, the subscriber client and the tests can never disagree::
     ns:@checkpoint:table        hash    version, updated_at, state
     ns:@deadletter              stream  changes that could not be applied
     ns:@worker:id               hash    heartbeat (with a TTL)
+    ns:@workers                 zset    worker id -> when its heartbeat expires (Redis time, ms)
     ns:@partitions:section      set     partition values the section has written
     ns:{p}:@fence               hash    table -> highest lease fencing token that wrote here
     ns:@lease:{table}           string  owner id of the table's lease, with a TTL
@@ -108,6 +109,10 @@ class Layout:
 
     def worker(self, worker_id: str) -> str:
         return f"{self.namespace}:@worker:{worker_id}"
+
+    def workers(self) -> str:
+        """The registry of live workers: sidecars find each other here, not by SCAN."""
+        return f"{self.namespace}:@workers"
 
     def partitions(self, section: str) -> str:
         return f"{self.namespace}:@partitions:{section}"

@@ -11,6 +11,8 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 
 from cdc.config import RedisConfig
+from publishers import control
+from publishers.leases import Leases
 from publishers.manager import DataManager
 from publishers.model import Change
 
@@ -86,3 +88,22 @@ async def test_messages_go_out_on_shard_channels(manager: DataManager) -> None:
         assert received == {"s1", "s2", "s3"}
     finally:
         await pubsub.aclose()
+
+
+async def test_leases_and_the_worker_registry_work_on_a_cluster(manager: DataManager) -> None:
+    """The lease round's pipelines span slots (one lease key per table, the
+    registry, the heartbeats): every call of it on a 3-master cluster."""
+    tables = [f"s.t{i}" for i in range(12)]  # keys on several masters
+    leases = Leases(manager, "w1", ttl=30)
+    tokens = [await leases.acquire(t) for t in tables]
+    assert all(token is not None for token in tokens)
+    assert await leases.renew_all(tables) == dict.fromkeys(tables, True)
+    assert await Leases(manager, "w2", ttl=30).renew_all(tables[:3]) == dict.fromkeys(tables[:3], False)
+    await control.request_snapshot(manager, tables[5])
+    assert await control.snapshot_requests(manager, tables) == {tables[5]}
+    await manager.heartbeat("w1", {"tables": ",".join(tables)}, ttl=30)
+    assert await control.keep_alive(manager, "w1", 30)
+    assert await control.live_workers(manager) == {"w1"}
+    assert [w["id"] for w in await control.workers(manager)] == ["w1"]
+    await control.remove_heartbeat(manager, "w1")
+    assert await control.live_workers(manager) == set()

@@ -16,7 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from cdc.batching import AutoBatchWorker
-from cdc.config import Config, parse_config
+from cdc.config import Config, RedisConfig, parse_config
 from cdc.errors import LeaseLost
 from cdc.metrics import Metrics
 from cdc.sources import make_source
@@ -378,3 +378,27 @@ async def test_leases_hand_out_growing_tokens_and_the_holder_is_told(
     assert not await a.renew("s.t")
     second = await b.acquire("s.t")
     assert second is not None and second > first
+
+
+async def test_the_worker_registry_counts_live_sidecars_only(
+    redis_url: str, namespace: str, redis_client: aioredis.Redis
+) -> None:
+    """Sidecars count each other in ``ns:@workers`` (not by a SCAN of the
+    keyspace): an entry lives as long as its last renewal's TTL, a clean stop
+    removes it, and expired entries are dropped."""
+    manager = DataManager(redis_client, RedisConfig(url=redis_url, namespace=namespace))
+    for worker_id, ttl in (("a", 0.3), ("b", 30.0)):
+        await manager.heartbeat(worker_id, {"tables": worker_id}, ttl=ttl)
+        assert await control.keep_alive(manager, worker_id, ttl)
+    assert await control.live_workers(manager) == {"a", "b"}
+    assert [(w["id"], w["tables"]) for w in await control.workers(manager)] == [("a", "a"), ("b", "b")]
+
+    deadline = time.monotonic() + 5
+    while await control.live_workers(manager) != {"b"}:
+        assert time.monotonic() < deadline, "a's registration did not expire"
+        await asyncio.sleep(0.05)
+    assert not await control.keep_alive(manager, "a", 0.3)  # its heartbeat is gone: write it whole
+    await control.remove_heartbeat(manager, "a")
+    await control.remove_heartbeat(manager, "b")
+    assert await control.live_workers(manager) == set() and await control.workers(manager) == []
+    assert await redis_client.zcard(Layout(namespace).workers()) == 0
