@@ -138,5 +138,7 @@ sidecar is CPU-bound, so it only moved the same work earlier: no gain measured).
   row reader and mapping (~25%), value encoding (~15%), packing the EVALSHA (~10%). Decoding
   values straight from PostgreSQL's text into JSON text (custom loaders, skipping the Python
   objects) would be the next large step; it must produce byte-identical JSON to `encode_value`.
-- `control.workers` still SCANs the keyspace every lease round.
+- After this run, the sidecars' SCAN for each other's heartbeats every lease round (a round trip per
+  thousand keys of a keyspace that holds every document) was replaced by the worker registry
+  `ns:@workers` (docs/REDIS.md); one more script call per round, not measured again here.
 """
