@@ -25,14 +25,15 @@ Connections, each with its own job:
   the source's ``notify`` is false.
 
 A read that cannot find anything is not sent. After an empty read whose
-snapshot had no transaction in progress (``xmin = xmax``: every transaction
-that had committed is at or below its bound), any later change to the table
-is made by a transaction that commits after that snapshot, and its notify
-trigger's notification arrives after the read began. So while the LISTEN
-connection has been up throughout and no notification for the table has
-arrived, the next read from that bound would find nothing: ``read_changes``
-answers it without a round trip, and ``quiet_for`` tells the tracker that it
-may wait for the notification instead of polling on its backoff. Only for ordinary tables (a
+snapshot had ``xmin = xmax`` (``xmax`` is one past the newest completed
+transaction, so every transaction that had committed is at or below the
+bound ``xmin - 1``), any later change to the table is made by a transaction
+that commits after that snapshot, and its notify trigger's notification
+arrives after the read began. So while the LISTEN connection has been up
+throughout and no notification for the table has arrived, the next read from
+that bound would find nothing: ``read_changes`` answers it without a round
+trip, and ``quiet_for`` tells the tracker that it may wait for the
+notification instead of polling on its backoff. Only for ordinary tables (a
 write straight into a partition does not fire its partitioned parent's
 statement triggers), and never for longer than ``QUIET_READ_LIMIT`` after
 the last read sent: a backstop should a table's notify trigger be disabled.
@@ -326,8 +327,8 @@ class PostgresSource:
         self, conn: Connection, table: TableInfo, since: int, limit: int
     ) -> tuple[ChangePage, bool] | None:
         """A read that fits one page, in one statement (``pg_reads.whole_read_query``),
-        and whether its snapshot had no transaction in progress (its bound
-        covers every committed one); None when it does not fit (or anything
+        and whether its bound covers every transaction that had committed
+        (``xmin = xmax``); None when it does not fit (or anything
         is unusual): the caller then reads in a transaction, which pages, and
         which raises the precise errors."""
         qualified = f"{table.schema}.{table.name}"
