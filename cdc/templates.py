@@ -70,10 +70,7 @@ class Template:
     def render(self, values: Mapping[str, object]) -> str:
         if len(self.parts) == 1:  # a literal or one column: the common cases, once per change
             is_column, text = self.parts[0]
-            if not is_column:
-                return text
-            value = values[text]
-            return str(value) if type(value) in _PLAIN else render_key_value(value)
+            return render_key_value(values[text]) if is_column else text
         return "".join(
             render_key_value(values[text]) if is_column else text for is_column, text in self.parts
         )
@@ -90,6 +87,8 @@ _PLAIN = frozenset({int, str})  # exact types whose text in a key is str(value)
 
 def render_key_value(value: object) -> str:
     """How a key column value reads inside a key: plain text, no JSON quotes."""
+    if type(value) in _PLAIN:  # the common keys, once per change: no isinstance chain
+        return str(value)
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value).hex()
     if isinstance(value, bool):

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from cdc.backoff import EmptyPollBackoff
 from cdc.batching import AutoBatchWorker, Ticket
@@ -53,6 +55,7 @@ SLICE = 256
 MIN_SLICE = 32
 MAX_RETRY_DELAY = 5.0  # a failing table retries at least this often: it resumes soon after an outage
 State = Literal["starting", "snapshotting", "streaming", "degraded", "stopped"]
+R = TypeVar("R")  # a source row: a ChangeRow, or a snapshot row (a dict)
 
 
 @dataclass
@@ -217,20 +220,31 @@ class ChangeTracker:
         return rows > 0
 
     async def _enqueue_rows(self, rows: list[ChangeRow], ticket: Ticket) -> None:
-        """Map ``rows`` and queue their changes, ``_slice`` rows at a time (the
-        worker's applier runs between slices)."""
         assert self._mapper is not None
-        from_row = self._mapper.from_row
+        await self._queue(rows, ticket, self._mapper.from_row, lambda row: (row.key, row.op, row.version))
+
+    async def _queue(
+        self,
+        rows: Sequence[R],
+        ticket: Ticket,
+        convert: Callable[[R], Change | None],
+        where: Callable[[R], tuple[dict[str, Any], Any, int]],
+    ) -> None:
+        """Map ``rows`` with ``convert`` and queue their changes, ``_slice``
+        rows at a time (the worker's applier runs between slices). A row that
+        cannot be encoded goes to the dead letter at ``where(row)``: its
+        (primary key, op, version)."""
+        assert self._mapper is not None
         step = self._slice
         for start in range(0, len(rows), step):
             changes: list[Change] = []
             for row in rows[start : start + step]:
                 try:
-                    change = from_row(row)
+                    change = convert(row)
                 except PoisonChange as exc:
-                    address = self._mapper.address(row.key, row.op, row.version)
-                    payload: dict[str, object] = {"key": {k: str(v) for k, v in row.key.items()}}
-                    await self._dead_letter(str(exc), payload, address)
+                    key, op, version = where(row)
+                    payload: dict[str, object] = {"key": {k: str(v) for k, v in key.items()}}
+                    await self._dead_letter(str(exc), payload, self._mapper.address(key, op, version))
                     continue
                 if change is not None:
                     changes.append(change)
@@ -289,18 +303,12 @@ class ChangeTracker:
         async for page in self.source.snapshot(self._info, page_size=self.page_size):
             version = ticket.version = page.version
             self.progress.version, self.progress.total = version, page.total
-            step = self._slice
-            for start in range(0, len(page.rows), step):
-                changes: list[Change] = []
-                for row in page.rows[start : start + step]:
-                    try:
-                        changes.append(self._mapper.from_snapshot(row, page.version))
-                    except PoisonChange as exc:
-                        key = {c: row.get(c) for c in self._info.primary_key}
-                        address = self._mapper.address(key, "S", page.version)
-                        payload: dict[str, object] = {"key": {c: str(v) for c, v in key.items()}}
-                        await self._dead_letter(str(exc), payload, address)
-                await self.worker.put_many(changes, ticket)
+            await self._queue(
+                page.rows,
+                ticket,
+                functools.partial(self._mapper.from_snapshot, version=page.version),
+                functools.partial(self._snapshot_row_at, version=page.version),
+            )
             self.progress.rows += len(page.rows)
             self.metrics.snapshot_rows.labels(self.table).inc(len(page.rows))
             await control.set_snapshot_progress(self.manager, self.table, self.progress.rows, page.total)
@@ -309,6 +317,11 @@ class ChangeTracker:
         ticket.seal()
         await self._applied(ticket)
         return version
+
+    def _snapshot_row_at(self, row: dict[str, Any], version: int) -> tuple[dict[str, Any], str, int]:
+        """A snapshot row's primary key, op and version (for the dead letter)."""
+        assert self._info is not None
+        return {c: row.get(c) for c in self._info.primary_key}, "S", version
 
     async def _sweep(self, version: int) -> None:
         """Delete documents the snapshot did not write (rows gone meanwhile)."""

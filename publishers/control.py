@@ -75,14 +75,17 @@ return redis.call('ZRANGEBYSCORE', KEYS[1], string.format('%d', now), '+inf')
 @_translated
 async def live_workers(manager: DataManager) -> set[str]:
     """The ids of the workers whose registration has not expired."""
-    ids = await manager.client.eval(_LIVE, 1, manager.layout.workers())
-    return {_text(worker_id) for worker_id in ids}
+    return await _live_ids(manager)
+
+
+async def _live_ids(manager: DataManager) -> set[str]:
+    return {_text(worker_id) for worker_id in await manager.client.eval(_LIVE, 1, manager.layout.workers())}
 
 
 @_translated
 async def workers(manager: DataManager) -> list[dict[str, str]]:
     """Every live worker's heartbeat, with its id and the heartbeat's age."""
-    ids = sorted({_text(i) for i in await manager.client.eval(_LIVE, 1, manager.layout.workers())})
+    ids = sorted(await _live_ids(manager))
     if not ids:
         return []
     pipe = manager.client.pipeline(transaction=False)

@@ -76,10 +76,7 @@ class Leases:
 
     async def renew(self, table: str) -> bool:
         """Extend our lease; False when it is no longer ours (expired, taken)."""
-        renewed = bool(await self._eval(_RENEW, self.manager.layout.lease(table)))
-        if not renewed:
-            self.tokens.pop(table, None)
-        return renewed
+        return (await self.renew_all([table]))[table]
 
     async def renew_all(self, tables: Sequence[str]) -> dict[str, bool]:
         """``renew`` for every table in ``tables``, in one round trip (a

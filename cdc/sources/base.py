@@ -26,6 +26,7 @@ Values are native Python (Decimal, datetime, bytes, UUID, dict...);
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -53,8 +54,9 @@ class TableInfo:
     primary_key: tuple[str, ...]
     columns: tuple[Column, ...]  # the published columns, primary key first
 
-    @property
+    @functools.cached_property
     def column_names(self) -> tuple[str, ...]:
+        """(Computed once: reads look it up per row.)"""
         return tuple(c.name for c in self.columns)
 
 

@@ -274,11 +274,11 @@ class PostgresSource:
         entry can enter ``(since, upto]`` any more, but a row changed again
         after ``upto`` in between then arrives with the next read, relative to
         ``upto``. Cleanup and TRUNCATE are caught by every transaction's check."""
-        quiet = self._quiet.pop(table.table, None)
+        quiet = self._quiet.get(table.table)
         if upto is None and after is None and quiet is not None and self._still_quiet(table, since, quiet):
-            self._quiet[table.table] = quiet
             self.reads_skipped += 1
             return ChangePage([], quiet.bound)
+        self._quiet.pop(table.table, None)  # a read is sent: only its outcome may allow skipping again
         payload = self._notifying.get(table.table)
         mark = None if payload is None else self._listener.mark()
         started = time.monotonic()
@@ -422,8 +422,7 @@ class PostgresSource:
                     query = pg_reads.snapshot_query(table, after=last is not None)
                     records = await pg_reads.fetch_all(await conn.execute(query, [*(last or ()), page_size]))
                     if records or last is None:
-                        names = table.column_names
-                        rows = [dict(zip(names, r, strict=True)) for r in records]
+                        rows = [dict(zip(table.column_names, r, strict=True)) for r in records]
                         yield SnapshotPage(version, rows, total)
                     if len(records) < page_size:
                         return
