@@ -271,6 +271,42 @@ async def test_values_json_cannot_hold_and_oversized_rows_go_to_the_dead_letter(
         await client.aclose()
 
 
+@pytest.mark.timeout(60)
+async def test_a_row_the_snapshot_cannot_encode_goes_to_the_dead_letter(
+    postgres_dsn: str, redis_url: str, namespace: str, pg_schema: str
+) -> None:
+    """The initial snapshot dead-letters a row it cannot encode, with its
+    table, key and reason, and loads the others."""
+    s = pg_schema
+    await sql(
+        postgres_dsn,
+        ODD_DDL.format(s=s),
+        f"insert into {s}.odd (id, d) select i, i from generate_series(1, 600) i",  # several slices
+        f"update {s}.odd set d = 'NaN' where id = 300",
+    )
+    text = config_text(
+        postgres_dsn,
+        redis_url,
+        namespace,
+        pg_schema,
+        f"  - table: {s}.odd\n    partition: odd\n    section: odd\n",
+    )
+    config = parse_config(text, "<test>", {})
+    daemon = Daemon(config)
+    await daemon.source.connect()
+    await daemon.source.tracking_enable(config.tables)
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await asyncio.wait_for(daemon.run(once=True), 45)
+        [letter] = await _read_dead_letters(client, Layout(namespace))
+        assert (letter["table"], letter["partition"], letter["key"]) == (f"{s}.odd", "odd", "300")
+        assert "column d" in letter["reason"] and "nan cannot be represented" in letter["reason"].lower()
+        documents = await DataManager(client, config.redis).documents("odd", "odd")
+        assert set(documents) == {str(i) for i in range(1, 601)} - {"300"}
+    finally:
+        await client.aclose()
+
+
 async def _mirrored(client: aioredis.Redis, dsn: str, config: Any) -> bool:
     table = config.tables[0]
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
