@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install test lint typecheck pytest demo bench bench-quick clean
+.PHONY: install servers test lint typecheck pytest demo bench bench-quick clean
 
 install: $(STAMP)
 
@@ -15,6 +15,10 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+# System packages (redis-server, PostgreSQL, unixODBC, FreeTDS) when missing.
+servers:
+	bash scripts/ensure-servers.sh
+
 lint: install
 	$(BIN)/ruff check cdc publishers tests bench
 	$(BIN)/ruff format --check cdc publishers tests bench
@@ -22,21 +26,18 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-pytest: install
+pytest: install servers
 	$(BIN)/pytest; status=$$?; if [ $$status -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$status
 
 test: lint typecheck pytest
 
-demo: install
-	bash scripts/ensure-servers.sh
+demo: install servers
 	$(BIN)/cdc demo
 
-bench: install
-	bash scripts/ensure-servers.sh
+bench: install servers
 	$(BIN)/python -m bench
 
-bench-quick: install
-	bash scripts/ensure-servers.sh
+bench-quick: install servers
 	$(BIN)/python -m bench --quick
 
 format: install
