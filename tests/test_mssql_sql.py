@@ -47,7 +47,8 @@ from cdc.errors import (
 )
 from cdc.sources import mssql_sql as sql
 from cdc.sources.base import ChangeSource, TableInfo
-from cdc.sources.mssql import MssqlSource, parse_dsn
+from cdc.sources.mssql import MssqlSource
+from cdc.sources.mssql_dsn import parse_dsn
 from cdc.templates import Template
 
 # -- sqlglot, taught CHANGETABLE and SNAPSHOT --------------------------------

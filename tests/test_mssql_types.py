@@ -28,7 +28,9 @@ from cdc.errors import (
     UnsupportedType,
 )
 from cdc.sources import mssql_types as types
-from cdc.sources.mssql import MssqlSource, connect_error, describe_dsn, map_error, parse_dsn, redact
+from cdc.sources.mssql import MssqlSource
+from cdc.sources.mssql_dsn import describe_dsn, parse_dsn, redact
+from cdc.sources.mssql_errors import connect_error, map_error
 from cdc.values import encode_value
 
 # -- converters -------------------------------------------------------------------

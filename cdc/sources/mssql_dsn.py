@@ -1,0 +1,77 @@
+"""SQL Server connection strings: parsing, where one points, and its password kept out of messages.
+
+The redaction here (``redact``) is the source side's own; it is kept apart so
+that one redaction module can replace it in one place.
+"""
+
+from __future__ import annotations
+
+import re
+
+
+def parse_dsn(dsn: str) -> dict[str, str]:
+    """An ODBC connection string as {UPPER-CASE KEY: value}; ``{...}`` values
+    may hold ``;`` and ``}}`` (an escaped ``}``)."""
+    out: dict[str, str] = {}
+    i, n = 0, len(dsn)
+    while i < n:
+        while i < n and dsn[i] in "; \t\r\n":
+            i += 1
+        eq = dsn.find("=", i)
+        if i >= n or eq < 0:
+            break
+        key = dsn[i:eq].strip().upper()
+        i = eq + 1
+        while i < n and dsn[i] in " \t":
+            i += 1
+        if i < n and dsn[i] == "{":
+            value, i = _braced(dsn, i + 1)
+        else:
+            end = dsn.find(";", i)
+            end = n if end < 0 else end
+            value, i = dsn[i:end].strip(), end
+        out[key] = value
+    return out
+
+
+def _braced(dsn: str, i: int) -> tuple[str, int]:
+    chars: list[str] = []
+    while i < len(dsn):
+        if dsn[i] == "}":
+            if dsn[i + 1 : i + 2] == "}":
+                chars.append("}")
+                i += 2
+                continue
+            return "".join(chars), i + 1
+        chars.append(dsn[i])
+        i += 1
+    return "".join(chars), i
+
+
+def describe_dsn(dsn: str) -> str:
+    """Where a DSN points, for messages: server, port, database, driver, user; never the password."""
+    fields = parse_dsn(dsn)
+    shown = []
+    for label, keys in (
+        ("dsn", ("DSN",)),
+        ("server", ("SERVER", "ADDRESS", "ADDR", "HOST", "SERVERNAME")),
+        ("port", ("PORT",)),
+        ("database", ("DATABASE", "INITIAL CATALOG")),
+        ("driver", ("DRIVER",)),
+        ("user", ("UID", "USER ID", "USER")),
+    ):
+        value = next((fields[k] for k in keys if fields.get(k)), None)
+        if value:
+            shown.append(f"{label}={value}")
+    return ", ".join(shown) or "the configured DSN"
+
+
+_SECRET = re.compile(r"(?i)\b(pwd|password)\s*=\s*(\{(?:[^}]|\}\})*\}|[^;]*)")
+
+
+def redact(text: str, dsn: str) -> str:
+    """``text`` without the DSN's password, however it appears."""
+    password = parse_dsn(dsn).get("PWD") or parse_dsn(dsn).get("PASSWORD")
+    if password:
+        text = text.replace(password, "***")
+    return _SECRET.sub(lambda m: f"{m.group(1)}=***", text)

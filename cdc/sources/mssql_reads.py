@@ -1,0 +1,222 @@
+"""Reading SQL Server changes and snapshots, each in one SNAPSHOT transaction.
+
+It follows Microsoft's documented pattern and the checklist in SQLSERVER.md:
+
+- every poll is one ``SET TRANSACTION ISOLATION LEVEL SNAPSHOT`` transaction
+  that reads ``CHANGE_TRACKING_MIN_VALID_VERSION(OBJECT_ID(...))`` (NULL is
+  an error, never a pass), then ``CHANGE_TRACKING_CURRENT_VERSION()``, checks
+  ``since < min_valid`` and ``current < since`` (both ``TrackingExpired``),
+  then reads ``CHANGETABLE(CHANGES ...) LEFT JOIN`` the table in
+  (version, primary key) order, and commits; ``next_version`` is the current
+  version read in that transaction, even when no row came back;
+- a read of more than one page keeps every page in that one SNAPSHOT
+  transaction, held open on a reader connection of its own between the
+  caller's calls and committed with the last page (``HeldRead``): pages read
+  in separate transactions would see a row changed in between only in the
+  next read, relative to the bound, so as a ``U`` the caller never had the
+  ``I`` of, and without the columns changed before the bound;
+- the snapshot reads the current version and the whole table (keyset pages on
+  the primary key) in one SNAPSHOT transaction on a connection of its own.
+
+Each unit of work here is a function of a connection, run on a ``Link``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cdc.errors import SourceUnavailable, TrackingExpired, TrackingNotEnabled
+from cdc.sources import mssql_sql as sql
+from cdc.sources.base import ChangeRow, Cursor, Op, TableInfo
+from cdc.sources.mssql_catalog import DescribedTable
+from cdc.sources.mssql_link import Link, execute, fetch_all, fetch_scalar, rollback_quietly
+from cdc.sources.mssql_types import convert
+
+# -- changes -------------------------------------------------------------------
+
+
+def check_versions(table: str, since: int, min_valid: Any, current: Any, upto: int | None) -> int:
+    """The checks of SQLSERVER.md, in order; return the read's upper bound."""
+    if min_valid is None:
+        raise TrackingNotEnabled(
+            f"{table}: CHANGE_TRACKING_MIN_VALID_VERSION is NULL: change tracking is off for the table, "
+            "or the login lacks VIEW CHANGE TRACKING on it"
+        )
+    if current is None:
+        raise TrackingNotEnabled(
+            f"{table}: CHANGE_TRACKING_CURRENT_VERSION() is NULL: change tracking is off"
+        )
+    if since < min_valid:
+        raise TrackingExpired(
+            table,
+            f"checkpoint {since} is below the minimum valid version {min_valid} "
+            "(cleanup ran past it, or the table was truncated)",
+        )
+    if current < since:
+        raise TrackingExpired(
+            table,
+            f"the database's current version {current} is below the checkpoint {since} "
+            "(restored from a backup, or failed over to a copy that is behind)",
+        )
+    if upto is None:
+        return int(current)
+    if current < upto:
+        raise TrackingExpired(
+            table, f"the database's current version {current} went below {upto} between pages"
+        )
+    return upto
+
+
+def decode_change(described: DescribedTable, since: int, row: Sequence[Any]) -> ChangeRow:
+    """One CHANGETABLE row (the layout of ``mssql_sql.changes``) as a ChangeRow."""
+    version, creation, operation, mask = row[0], row[1], row[2], row[3]
+    shape = described.shape
+    n_key, n_columns = len(shape.primary_key), len(shape.columns)
+    key_raw = row[4 : 4 + n_key]
+    values_raw = row[4 + n_key : 4 + n_key + n_columns]
+    flags = row[4 + n_key + n_columns :]
+    key = {
+        name: convert(described.converters[name], v)
+        for name, v in zip(shape.primary_key, key_raw, strict=True)
+    }
+    # t.<first key column> is NULL only when the LEFT JOIN found no row: the row is gone.
+    # A D stays a D, even one whose row was created after `since` (inserted and deleted
+    # in between): deleting a document that does not exist is harmless, while dropping
+    # the D could lose the delete of a key that was deleted, re-inserted and deleted again.
+    if operation == "D" or values_raw[0] is None:
+        return ChangeRow(op="D", version=int(version), key=key, values=None, changed_columns=None)
+    op: Op = "I" if creation is not None and creation > since else "U"
+    values = {
+        name: convert(described.converters[name], v)
+        for name, v in zip(shape.columns, values_raw, strict=True)
+    }
+    changed: frozenset[str] | None = None
+    if op == "U" and described.track_columns_updated and mask is not None:
+        # NULL SYS_CHANGE_COLUMNS means "unknown" (every column changed, or no column tracking).
+        changed = (
+            frozenset(n for n, f in zip(shape.mask_columns, flags, strict=True) if f)
+            | described.always_changed
+        )
+    return ChangeRow(op=op, version=int(version), key=key, values=values, changed_columns=changed)
+
+
+def key_param(value: Any) -> Any:
+    """A key value as a query parameter (pyodbc binds no timezone: send it as text,
+    which the CAST to datetimeoffset reads back exactly)."""
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        return value.isoformat()
+    return value
+
+
+def page_rows(conn: Any, statement: sql.Statement, limit: int) -> list[Any]:
+    """A page of changes, ``statement`` asking for one row more than ``limit``
+    to learn whether another page follows; when none does, the read's
+    transaction is committed here, in the same unit of work."""
+    rows = fetch_all(conn, statement)
+    if len(rows) <= limit:
+        execute(conn, sql.COMMIT)
+    return rows
+
+
+@dataclass
+class HeldRead:
+    """The open SNAPSHOT transaction of a paged read, on a reader of its own.
+
+    Later pages of the read run in it, so they see what the first page saw:
+    a row changed again between two pages is not skipped, nor classified
+    relative to the bound instead of ``since``. It continues only the read it
+    belongs to: same ``since``, ``upto`` equal to its bound, ``after`` equal to
+    the cursor of the page last returned."""
+
+    link: Link
+    conn: Any  # the connection holding the transaction (a replaced one has lost it)
+    since: int
+    bound: int
+    after: Cursor
+
+    def continues(self, since: int, upto: int | None, after: Cursor | None) -> bool:
+        return (since, upto, after) == (self.since, self.bound, self.after)
+
+
+def first_page(
+    described: DescribedTable, since: int, limit: int, upto: int | None, after: Cursor | None
+) -> Callable[[Any], tuple[int, list[Any], Any]]:
+    """The first page of a read, as a unit of work: open the read's SNAPSHOT
+    transaction, check the versions, read a page; commit at once when it is
+    the whole read, else leave the transaction open. It returns the bound,
+    the rows and the connection that holds the transaction."""
+    info = described.info
+    cursor = None if after is None else (after[0], [key_param(v) for v in after[1]])
+
+    def first(conn: Any) -> tuple[int, list[Any], Any]:
+        execute(conn, sql.SET_SNAPSHOT)
+        execute(conn, sql.BEGIN)
+        try:
+            min_valid = fetch_scalar(conn, sql.min_valid_version(info.schema, info.name))
+            current = fetch_scalar(conn, sql.CURRENT_VERSION)
+            bound = check_versions(info.table, since, min_valid, current, upto)
+            statement = sql.changes(described.shape, since=since, upto=bound, limit=limit + 1, after=cursor)
+            rows = page_rows(conn, statement, limit)
+        except BaseException:
+            rollback_quietly(conn)
+            raise
+        return bound, rows, conn
+
+    return first
+
+
+def next_page(held: HeldRead, described: DescribedTable, limit: int) -> Callable[[Any], list[Any]]:
+    """The next page in the held transaction, as a unit of work; committed when it is the last."""
+    cursor = (held.after[0], [key_param(v) for v in held.after[1]])
+    statement = sql.changes(described.shape, since=held.since, upto=held.bound, limit=limit + 1, after=cursor)
+
+    def following(conn: Any) -> list[Any]:
+        if conn is not held.conn:
+            # the connection was replaced: its transaction is gone, and with it the snapshot
+            raise SourceUnavailable(
+                f"{described.info.table}: the connection of a paged read was lost; read again"
+            )
+        try:
+            return page_rows(conn, statement, limit)
+        except BaseException:
+            rollback_quietly(conn)
+            raise
+
+    return following
+
+
+# -- snapshots -------------------------------------------------------------------
+
+
+def rows_of(statement: sql.Statement) -> Callable[[Any], list[Any]]:
+    return lambda conn: fetch_all(conn, statement)
+
+
+def snapshot_begin(conn: Any, info: TableInfo) -> tuple[int, int | None]:
+    """Open the snapshot's transaction: the current version first, before any
+    table is read, so the table's rows include everything up to it."""
+    execute(conn, sql.SET_READ_COMMITTED)
+    estimate = fetch_scalar(conn, sql.row_estimate(info.schema, info.name))
+    execute(conn, sql.SET_SNAPSHOT)
+    execute(conn, sql.BEGIN)
+    current = fetch_scalar(conn, sql.CURRENT_VERSION)
+    if current is None:
+        raise TrackingNotEnabled(
+            f"{info.table}: CHANGE_TRACKING_CURRENT_VERSION() is NULL: change tracking is off"
+        )
+    if fetch_scalar(conn, sql.min_valid_version(info.schema, info.name)) is None:
+        raise TrackingNotEnabled(
+            f"{info.table}: CHANGE_TRACKING_MIN_VALID_VERSION is NULL: change tracking is off for the table, "
+            "or the login lacks VIEW CHANGE TRACKING on it"
+        )
+    return int(current), None if estimate is None else int(estimate)
+
+
+def snapshot_row(described: DescribedTable, row: Sequence[Any]) -> dict[str, Any]:
+    return {
+        name: convert(described.converters[name], v)
+        for name, v in zip(described.shape.columns, row, strict=True)
+    }

@@ -1,0 +1,145 @@
+"""Setting SQL Server Change Tracking up, taking it down, and reporting its state.
+
+``cdc tracking enable`` turns on what SQLSERVER.md lists: snapshot isolation
+and change tracking for the database (with a retention at least
+``source.retention``), then tracking with ``TRACK_COLUMNS_UPDATED = ON`` per
+table. ``disable`` turns tracking off per table only: other tables may use
+the database-level settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyodbc
+
+from cdc.config import TableConfig
+from cdc.errors import SchemaError
+from cdc.sources import mssql_sql as sql
+from cdc.sources.base import TrackingStatus
+from cdc.sources.mssql_errors import NO_PRIMARY_KEY, error_parts
+from cdc.sources.mssql_link import execute, fetch_one, fetch_scalar
+
+
+@dataclass(frozen=True)
+class DatabaseSettings:
+    name: str
+    snapshot_state: int  # 0 off, 1 on, 2 in transition to off, 3 in transition to on
+    snapshot_desc: str
+    tracking: bool  # CHANGE_TRACKING_CURRENT_VERSION() is not NULL
+    retention: float | None  # seconds; None when sys.change_tracking_databases hides it
+    retention_text: str
+    auto_cleanup: bool | None
+
+
+def database_settings(conn: Any) -> DatabaseSettings:
+    execute(conn, sql.SET_READ_COMMITTED)
+    row = fetch_one(conn, sql.DATABASE_SETTINGS)
+    name, state, desc, current, period, units, cleanup = row
+    retention = None if period is None or units is None else sql.retention_seconds(int(period), int(units))
+    text = "unknown" if retention is None else "{} {}".format(*sql.retention(retention))
+    return DatabaseSettings(
+        str(name),
+        int(state),
+        str(desc),
+        current is not None,
+        retention,
+        text,
+        None if cleanup is None else bool(cleanup),
+    )
+
+
+def enable(conn: Any, tables: Sequence[TableConfig], retention: float) -> list[str]:
+    done: list[str] = []
+    db = database_settings(conn)
+    if db.snapshot_state in (0, 2):
+        execute(conn, sql.ENABLE_SNAPSHOT_ISOLATION)
+        done.append(f"database {db.name}: ALLOW_SNAPSHOT_ISOLATION ON")
+    amount, unit = sql.retention(retention)
+    wanted = f"{amount} {unit}"
+    if not db.tracking:
+        execute(conn, sql.enable_database_tracking(retention))
+        done.append(
+            f"database {db.name}: CHANGE_TRACKING = ON (CHANGE_RETENTION = {wanted}, AUTO_CLEANUP = ON)"
+        )
+    elif db.retention is not None and db.retention < sql.retention_seconds(amount, unit):
+        execute(conn, sql.set_retention(retention))
+        done.append(f"database {db.name}: CHANGE_RETENTION {db.retention_text} -> {wanted}")
+    else:
+        done.append(f"database {db.name}: change tracking already on (retention {db.retention_text})")
+    for table_config in tables:
+        done.append(_enable_table(conn, table_config))
+    return done
+
+
+def _enable_table(conn: Any, table_config: TableConfig) -> str:
+    tracking = fetch_one(conn, sql.table_tracking(table_config.schema, table_config.name))
+    if tracking is not None:
+        if not tracking[0]:
+            return (
+                f"{table_config.table}: already tracked, with TRACK_COLUMNS_UPDATED = OFF (changed columns unknown; "
+                "to turn it on, DISABLE and ENABLE CHANGE_TRACKING on the table, which discards its history "
+                "and makes the sidecar re-snapshot it)"
+            )
+        return f"{table_config.table}: already tracked"
+    try:
+        execute(conn, sql.enable_table_tracking(table_config.schema, table_config.name))
+    except pyodbc.Error as exc:
+        _, natives, text = error_parts(exc)
+        if NO_PRIMARY_KEY in natives:
+            raise SchemaError(
+                f"{table_config.table}: change tracking needs a primary key and the table has none "
+                f"(SQL Server error 4997): add one, then run `cdc tracking enable` again"
+            ) from None
+        if natives & {208, 1088, 4902, 15151}:
+            raise SchemaError(
+                f"{table_config.table}: no such table (or no permission to alter it): {text}"
+            ) from None
+        raise
+    return f"{table_config.table}: change tracking enabled (TRACK_COLUMNS_UPDATED = ON)"
+
+
+def disable(conn: Any, tables: Sequence[TableConfig]) -> list[str]:
+    execute(conn, sql.SET_READ_COMMITTED)
+    done: list[str] = []
+    for table_config in tables:
+        if fetch_one(conn, sql.table_tracking(table_config.schema, table_config.name)) is None:
+            done.append(f"{table_config.table}: not tracked")
+            continue
+        execute(conn, sql.disable_table_tracking(table_config.schema, table_config.name))
+        done.append(f"{table_config.table}: change tracking disabled")
+    done.append(
+        "database-level change tracking and snapshot isolation left as they are (other tables may use them)"
+    )
+    return done
+
+
+def status(conn: Any, tables: Sequence[TableConfig]) -> list[TrackingStatus]:
+    db = database_settings(conn)
+    current = fetch_scalar(conn, sql.CURRENT_VERSION)
+    out = []
+    for table_config in tables:
+        tracking = fetch_one(conn, sql.table_tracking(table_config.schema, table_config.name))
+        min_valid = fetch_scalar(conn, sql.min_valid_version(table_config.schema, table_config.name))
+        if not db.tracking:
+            detail = f"change tracking is off for database {db.name}"
+        elif tracking is None:
+            detail = "change tracking is off for the table (or it does not exist)"
+        else:
+            columns = "ON" if tracking[0] else "OFF"
+            detail = (
+                f"TRACK_COLUMNS_UPDATED = {columns}; retention {db.retention_text}; "
+                f"snapshot isolation {db.snapshot_desc}"
+            )
+        out.append(
+            TrackingStatus(
+                table=table_config.table,
+                enabled=tracking is not None and db.tracking,
+                min_valid_version=None if min_valid is None else int(min_valid),
+                current_version=None if current is None else int(current),
+                detail=detail,
+            )
+        )
+    return out
