@@ -30,8 +30,9 @@ from cdc.errors import (
 )
 from cdc.sources import make_source
 from cdc.sources.base import ChangeSource, TableInfo
+from cdc.sources.pg_dsn import redact_dsn, scrub
 from cdc.sources.pg_tracking import net_table_name, trigger_names
-from cdc.sources.postgres import PostgresSource, _scrub, redact_dsn
+from cdc.sources.postgres import PostgresSource
 from cdc.values import encode_value
 
 ITEMS = {"id": "int", "n": "int", "note": "text"}
@@ -625,7 +626,7 @@ async def test_a_snapshot_below_the_start_of_tracking_waits_for_older_transactio
     ],
 )
 def test_messages_never_carry_the_password(dsn: str, message: str) -> None:
-    assert "pw" not in _scrub(message, dsn)
+    assert "pw" not in scrub(message, dsn)
     assert "pw" not in redact_dsn(dsn)
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import psycopg
 from psycopg.rows import TupleRow
 
+from cdc.errors import SchemaError
+
 Connection = psycopg.AsyncConnection[TupleRow]
 
 
@@ -103,3 +105,10 @@ async def similar_tables(conn: Connection, schema: str, name: str) -> list[str]:
         )
     ).fetchall()
     return [row[0] for row in rows]
+
+
+async def missing_table(conn: Connection, schema: str, name: str) -> SchemaError:
+    """The error for a table that is not there, naming one it may have meant."""
+    similar = await similar_tables(conn, schema, name)
+    hint = f" (names are case-sensitive: did you mean {similar[0]}?)" if similar else ""
+    return SchemaError(f"{schema}.{name}: no such table{hint}")

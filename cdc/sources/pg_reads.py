@@ -23,10 +23,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
+import psycopg
 from psycopg import AsyncCursor, sql
 
+from cdc.errors import SourceUnavailable, TrackingExpired, TrackingNotEnabled
+from cdc.sources import pg_tracking
 from cdc.sources.base import ChangePage, ChangeRow, Cursor, TableInfo
 from cdc.sources.pg_catalog import Connection
+
+# A read tries one statement first (``whole_read``) and takes this many rows
+# at most that way; a larger read pays for them twice, so they are few.
+WHOLE_READ_ROWS = 500
 
 _names = itertools.count(1)
 
@@ -34,7 +41,7 @@ _names = itertools.count(1)
 def changes_query(
     schema: str,
     net: str,
-    table: TableInfo,
+    info: TableInfo,
     *,
     after: bool,
     limit: bool,
@@ -45,13 +52,13 @@ def changes_query(
     given as an expression), [cursor...], [limit]. Row layout: version, op,
     creation_version, column_versions, found, the key (from the entry, so
     deletes have it too), the published columns."""
-    keys = sql.SQL(", ").join(sql.Identifier("n", k) for k in table.primary_key)
+    keys = sql.SQL(", ").join(sql.Identifier("n", k) for k in info.primary_key)
     on = sql.SQL(" and ").join(
-        sql.SQL("{} = {}").format(sql.Identifier("t", k), sql.Identifier("n", k)) for k in table.primary_key
+        sql.SQL("{} = {}").format(sql.Identifier("t", k), sql.Identifier("n", k)) for k in info.primary_key
     )
     cursor: sql.Composable = sql.SQL("")
     if after:
-        placeholders = sql.SQL(", ").join(sql.Placeholder() * (1 + len(table.primary_key)))
+        placeholders = sql.SQL(", ").join(sql.Placeholder() * (1 + len(info.primary_key)))
         cursor = sql.SQL(" and (n.version, {}) > ({})").format(keys, placeholders)
     return sql.SQL(
         "select n.version, n.op, n.creation_version, n.column_versions::text, {found} is not null,"
@@ -60,11 +67,11 @@ def changes_query(
         " where n.version > %s and n.version <= {bound}{cursor} order by n.version, {keys}{limit}"
     ).format(
         bound=sql.Placeholder() if bound is None else bound,
-        found=sql.Identifier("t", table.primary_key[0]),
+        found=sql.Identifier("t", info.primary_key[0]),
         keys=keys,
-        columns=sql.SQL(", ").join(sql.Identifier("t", c) for c in table.column_names),
+        columns=sql.SQL(", ").join(sql.Identifier("t", c) for c in info.column_names),
         net=sql.Identifier(schema, net),
-        source=sql.Identifier(table.schema, table.name),
+        source=sql.Identifier(info.schema, info.name),
         on=on,
         cursor=cursor,
         limit=sql.SQL(" limit %s") if limit else sql.SQL(""),
@@ -81,33 +88,33 @@ def window_query(schema: str) -> sql.Composed:
     ).format(sql.Identifier(schema, "tracked_tables"))
 
 
-def whole_read_query(schema: str, net: str, table: TableInfo) -> sql.Composed:
+def whole_read_query(schema: str, net: str, info: TableInfo) -> sql.Composed:
     """The window and the first ``limit`` entries up to its bound, in ONE
     statement, so in one snapshot without a transaction around it: a read
     that fits one page (every poll of a table that is quiet or keeping up)
     costs one round trip instead of four. Parameters: "schema.name", since,
     limit. Row layout: the window's four columns, then ``changes_query``'s
     (all NULL, in the one row, when there is no entry)."""
-    changes = changes_query(schema, net, table, after=False, limit=True, bound=sql.SQL("w.bound"))
+    changes = changes_query(schema, net, info, after=False, limit=True, bound=sql.SQL("w.bound"))
     return sql.SQL("select * from ({}) as w left join lateral ({}) as c on true").format(
         window_query(schema), changes
     )
 
 
-def change_row(table: TableInfo, since: int, record: Sequence[Any]) -> ChangeRow:
+def change_row(info: TableInfo, since: int, record: Sequence[Any]) -> ChangeRow:
     """The operation relative to ``since``: D when the row is gone (or, should a
     change have escaped the triggers, absent), I when created after ``since``,
     else U with the published columns changed after ``since``."""
-    return _RowReader(table, since)(record)
+    return _RowReader(info, since)(record)
 
 
 class _RowReader:
     """``change_row`` for every row of a page, with the table's names looked up once."""
 
-    def __init__(self, table: TableInfo, since: int) -> None:
+    def __init__(self, info: TableInfo, since: int) -> None:
         self.since = since
-        self.keys = table.primary_key
-        self.names = table.column_names
+        self.keys = info.primary_key
+        self.names = info.column_names
         self.published = frozenset(self.names)
         self.width = len(self.keys)
 
@@ -130,9 +137,9 @@ class _RowReader:
         return frozenset(c for c, v in versions.items() if v > since and c in published)
 
 
-def change_page(table: TableInfo, since: int, bound: int, records: Sequence[Any], limit: int) -> ChangePage:
+def change_page(info: TableInfo, since: int, bound: int, records: Sequence[Any], limit: int) -> ChangePage:
     """Up to ``limit`` rows; ``records`` holds one more when another page follows."""
-    return _page(list(map(_RowReader(table, since), records[:limit])), bound, len(records) > limit)
+    return _page(list(map(_RowReader(info, since), records[:limit])), bound, len(records) > limit)
 
 
 def _page(rows: list[ChangeRow], bound: int, more: bool) -> ChangePage:
@@ -160,12 +167,12 @@ async def fetch_all(cursor: AsyncCursor[Any]) -> list[Any]:
 
 
 async def load_page(
-    cursor: AsyncCursor[Any], table: TableInfo, since: int, bound: int, limit: int, ahead: list[Any]
+    cursor: AsyncCursor[Any], info: TableInfo, since: int, bound: int, limit: int, ahead: list[Any]
 ) -> tuple[ChangePage, list[Any]]:
     """``change_page`` over ``ahead`` and then the cursor's rows (``limit + 1``
     at most, together), loaded and converted in chunks, yielding between
     them; also returns the records beyond ``limit`` (the one fetched ahead)."""
-    reader = _RowReader(table, since)
+    reader = _RowReader(info, since)
     records = list(ahead)
     rows = list(map(reader, records[:limit]))
     while len(records) <= limit and (chunk := await cursor.fetchmany(CHUNK)):
@@ -202,11 +209,11 @@ class HeldRead:
     def continues(self, conn: Connection, since: int, upto: int | None, after: Cursor | None) -> bool:
         return (conn, since, upto, after) == (self.conn, self.since, self.bound, self.after)
 
-    async def next_page(self, table: TableInfo, limit: int) -> ChangePage:
+    async def next_page(self, info: TableInfo, limit: int) -> ChangePage:
         count = limit + 1 - len(self.pending)
         fetch = sql.SQL("fetch forward {} from {}").format(sql.Literal(count), sql.Identifier(self.name))
         cursor = await self.conn.execute(fetch)
-        page, self.pending = await load_page(cursor, table, self.since, self.bound, limit, self.pending)
+        page, self.pending = await load_page(cursor, info, self.since, self.bound, limit, self.pending)
         self.after = page.cursor
         return page
 
@@ -215,16 +222,153 @@ class HeldRead:
             await self.conn.execute(sql.SQL("close {}").format(sql.Identifier(self.name)))
 
 
-def snapshot_query(table: TableInfo, *, after: bool) -> sql.Composed:
+def snapshot_query(info: TableInfo, *, after: bool) -> sql.Composed:
     """A keyset page: parameters [last key...], limit."""
-    keys = sql.SQL(", ").join(map(sql.Identifier, table.primary_key))
+    keys = sql.SQL(", ").join(map(sql.Identifier, info.primary_key))
     cursor: sql.Composable = sql.SQL("")
     if after:
-        placeholders = sql.SQL(", ").join(sql.Placeholder() * len(table.primary_key))
+        placeholders = sql.SQL(", ").join(sql.Placeholder() * len(info.primary_key))
         cursor = sql.SQL(" where ({}) > ({})").format(keys, placeholders)
     return sql.SQL("select {} from {}{} order by {} limit %s").format(
-        sql.SQL(", ").join(map(sql.Identifier, table.column_names)),
-        sql.Identifier(table.schema, table.name),
+        sql.SQL(", ").join(map(sql.Identifier, info.column_names)),
+        sql.Identifier(info.schema, info.name),
         cursor,
         keys,
     )
+
+
+# -- a read's window, and its pages ----------------------------------------------
+
+
+async def read_bound(conn: Connection) -> int:
+    """The version the current snapshot is consistent with: ``xmin - 1``."""
+    row = await (
+        await conn.execute("select pg_snapshot_xmin(pg_current_snapshot())::text::bigint - 1")
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def check_window(info: TableInfo, since: int, xmax: int, net: str | None, min_valid: int | None) -> None:
+    """Raise when ``since`` is not a valid start for a read of the table."""
+    if net is None or min_valid is None:
+        raise TrackingNotEnabled(f"{info.table}: change tracking is not enabled (cdc tracking enable)")
+    if since >= xmax:
+        reason = f"the source's next transaction id {xmax} is not above the checkpoint {since}: restored?"
+        raise TrackingExpired(info.table, reason)
+    if since < min_valid:
+        reason = (
+            f"the checkpoint {since} is below the minimum valid version {min_valid}: "
+            "entries were removed by retention cleanup or a TRUNCATE, or tracking was re-enabled"
+        )
+        raise TrackingExpired(info.table, reason)
+
+
+async def window(conn: Connection, schema: str, info: TableInfo, since: int) -> tuple[int, str]:
+    """This snapshot's bound and the table's net table; raises when ``since`` is not valid."""
+    qualified = f"{info.schema}.{info.name}"
+    try:
+        row = await (await conn.execute(window_query(schema), [qualified])).fetchone()
+    except psycopg.errors.UndefinedTable:
+        raise TrackingNotEnabled(
+            f"{info.table}: change tracking is not installed (cdc tracking enable)"
+        ) from None
+    assert row is not None
+    bound, xmax, net, min_valid = row
+    check_window(info, since, xmax, net, min_valid)
+    return int(bound), str(net)
+
+
+async def whole_read(
+    conn: Connection, schema: str, info: TableInfo, since: int, limit: int, queries: dict[TableInfo, bytes]
+) -> tuple[ChangePage, bool] | None:
+    """A read that fits one page, in one statement (``whole_read_query``, composed
+    once per table into ``queries``), and whether its bound covers every
+    transaction that had committed (``xmin = xmax``); None when it does not fit
+    (or anything is unusual): the caller then reads in a transaction, which
+    pages, and which raises the precise errors."""
+    qualified = f"{info.schema}.{info.name}"
+    net = pg_tracking.net_table_name(info.schema, info.name)
+    query = queries.get(info)
+    if query is None:
+        query = queries[info] = whole_read_query(schema, net, info).as_bytes(conn)
+    probe = min(limit, WHOLE_READ_ROWS)
+    try:
+        records = await (await conn.execute(query, [qualified, since, probe + 1])).fetchall()
+    except psycopg.errors.UndefinedTable:
+        return None  # tracking is not installed, or the net table is gone
+    bound, xmax, registered, min_valid = records[0][:4]
+    check_window(info, since, xmax, registered, min_valid)
+    if registered != net or len(records) > probe:
+        return None
+    rows = [record[4:] for record in records if record[4] is not None]
+    page = change_page(info, since, max(since, int(bound)), rows, limit)
+    return page, int(bound) + 1 >= int(xmax)
+
+
+async def first_page(
+    conn: Connection,
+    schema: str,
+    info: TableInfo,
+    since: int,
+    limit: int,
+    upto: int | None,
+    after: Cursor | None,
+) -> tuple[ChangePage, HeldRead | None]:
+    """One transaction: check ``since``, fix the bound, read a page and hold the rest."""
+    async with conn.transaction():
+        bound, net = await window(conn, schema, info, since)
+        bound = max(since, bound if upto is None else min(upto, bound))
+        query = changes_query(schema, net, info, after=after is not None, limit=True)
+        cursor = [] if after is None else [after[0], *after[1]]
+        result = await conn.execute(query, [since, bound, *cursor, limit + 1])
+        page, _ = await load_page(result, info, since, bound, limit, [])
+        if page.cursor is None:
+            return page, None
+        rest = changes_query(schema, net, info, after=True, limit=False)
+        params = [since, bound, page.cursor[0], *page.cursor[1]]
+        held = await HeldRead.declare(conn, rest, params, since, bound)
+        held.after = page.cursor
+        return page, held
+
+
+# -- snapshots --------------------------------------------------------------------
+
+
+async def snapshot_version(conn: Connection, schema: str, info: TableInfo) -> int:
+    """The version the snapshot is consistent with (its first statement fixes
+    the snapshot). Below the table's minimum valid version (tracking was just
+    enabled, or the table truncated, while an older transaction still runs)
+    no read could follow it: that is a wait, not a reason to snapshot again."""
+    version = await read_bound(conn)
+    entry = await pg_tracking.registry_entry(conn, schema, f"{info.schema}.{info.name}")
+    if entry is not None and version < entry.min_valid_version:
+        raise SourceUnavailable(
+            f"{info.table}: a snapshot now would be at version {version}, below the minimum valid "
+            f"version {entry.min_valid_version}: waiting for older transactions to end"
+        )
+    return version
+
+
+async def estimated_rows(conn: Connection, info: TableInfo) -> int | None:
+    """For progress: the planner's estimate, or a count when there is none yet."""
+    row = await (
+        await conn.execute(
+            "select c.reltuples::bigint from pg_class c join pg_namespace n on n.oid = c.relnamespace"
+            " where n.nspname = %s and c.relname = %s",
+            [info.schema, info.name],
+        )
+    ).fetchone()
+    if row is not None and row[0] >= 0:
+        return int(row[0])
+    count = sql.SQL("select count(*) from {}").format(sql.Identifier(info.schema, info.name))
+    counted = await (await conn.execute(count)).fetchone()
+    return int(counted[0]) if counted else None
+
+
+async def snapshot_records(
+    conn: Connection, info: TableInfo, last: tuple[Any, ...] | None, page_size: int
+) -> list[Any]:
+    """The keyset page after the key ``last`` (the first page when None)."""
+    query = snapshot_query(info, after=last is not None)
+    return await fetch_all(await conn.execute(query, [*(last or ()), page_size]))

@@ -33,7 +33,9 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from cdc.errors import SchemaError
+from cdc.config import TableConfig
+from cdc.errors import SchemaError, TrackingNotEnabled
+from cdc.sources.base import TrackingStatus
 from cdc.sources.pg_catalog import CatalogTable, Connection, find_table
 
 # Columns of a net table besides the primary key: a source key column cannot share a name.
@@ -363,3 +365,30 @@ async def trigger_states(conn: Connection, schema: str, table_oid: int) -> dict[
     ).fetchall()
     found = {name: str(enabled) for name, enabled in rows}
     return {name: found.get(name, "") for name in names}
+
+
+async def table_status(
+    conn: Connection, schema: str, table_config: TableConfig, version: int
+) -> TrackingStatus:
+    """Whether the table is tracked, and its triggers in place, as of ``version``."""
+    found = await find_table(conn, table_config.schema, table_config.name)
+    if found is None:
+        return TrackingStatus(table_config.table, False, detail="no such table")
+    entry = await registry_entry(conn, schema, found.qualified)
+    if entry is None:
+        detail = "change tracking is not enabled (run cdc tracking enable)"
+        return TrackingStatus(table_config.table, False, current_version=version, detail=detail)
+    triggers = await trigger_states(conn, schema, found.oid)
+    broken = [f"trigger {n} is {'missing' if not s else 'disabled'}" for n, s in triggers.items() if s != "A"]
+    detail = "; ".join(broken) or f"change tracking enabled (net table {schema}.{entry.net_table})"
+    return TrackingStatus(table_config.table, not broken, entry.min_valid_version, version, detail)
+
+
+async def cleanup(conn: Connection, schema: str, retention: float) -> int:
+    """Delete tracking entries older than ``retention`` seconds that every reader
+    could have read; checkpoints before them expire."""
+    if not await installed(conn, schema):
+        raise TrackingNotEnabled(f"change tracking is not installed (no schema {schema})")
+    query = sql.SQL("select {}(make_interval(secs => %s))").format(sql.Identifier(schema, "cleanup"))
+    row = await (await conn.execute(query, [retention])).fetchone()
+    return int(row[0]) if row else 0
