@@ -110,23 +110,7 @@ class PostgresSource:
             await reader.close()
 
     async def _open(self, reader: bool = False) -> Connection:
-        """A new autocommit connection with the session settings; a reader's
-        transactions are REPEATABLE READ, READ ONLY."""
-        conn = await psycopg.AsyncConnection.connect(
-            self._config.dsn,
-            autocommit=True,
-            connect_timeout=max(1, round(self._config.connect_timeout)),
-            fallback_application_name="cdc-sync",
-        )
-        try:
-            await prepare_session(conn, self._config.query_timeout)
-            if reader:
-                await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
-                await conn.set_read_only(True)
-        except BaseException:
-            await conn.close()
-            raise
-        return conn
+        return await _open_session(self._config, reader)
 
     @asynccontextmanager
     async def _guard(self, what: str) -> AsyncIterator[None]:
@@ -336,3 +320,23 @@ def _table_info(table_config: TableConfig, found: CatalogTable) -> TableInfo:
         check_supported(table_config.table, column)
         columns.append(Column(name, column.type_name, not column.not_null))
     return TableInfo(table_config.table, found.schema, found.name, found.primary_key, tuple(columns))
+
+
+async def _open_session(config: SourceConfig, reader: bool) -> Connection:
+    """A new autocommit connection with the session settings; a reader's
+    transactions are REPEATABLE READ, READ ONLY."""
+    conn = await psycopg.AsyncConnection.connect(
+        config.dsn,
+        autocommit=True,
+        connect_timeout=max(1, round(config.connect_timeout)),
+        fallback_application_name="cdc-sync",
+    )
+    try:
+        await prepare_session(conn, config.query_timeout)
+        if reader:
+            await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
+            await conn.set_read_only(True)
+    except BaseException:
+        await conn.close()
+        raise
+    return conn
