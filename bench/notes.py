@@ -98,8 +98,8 @@ figures are from development runs on this machine (same sizes as the quick mode,
     once (`put_many`, half a batch at a time, at most 256), and tickets complete per run of
     changes. With 10-13: sidecar CPU ~50 -> ~30-40 µs per change in development drains of 200,000
     changes, 14,700 -> 17,000-22,000 changes/s at batch 2000 (varying load).
-14. **Idle tables: reads that cannot find anything are not sent** (`cdc/sources/postgres.py`,
-    `pg_listen.py`, `cdc/tracker.py`; docs/DESIGN.md §2, docs/RELIABILITY.md). After an empty read
+14. **Idle tables: reads that cannot find anything are not sent** (`cdc/sources/pg_listen.py`: `QuietReads`,
+    `cdc/tracker.py`; docs/DESIGN.md §2, docs/RELIABILITY.md). After an empty read
     whose snapshot had `xmin = xmax` (every committed transaction is at or below its bound), any
     later change commits after that snapshot, so its notification arrives after the read began;
     while the LISTEN connection stays up and no notification for the table has arrived, the next
