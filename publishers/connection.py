@@ -25,8 +25,8 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection, SSLConnection, UnixDomainSocketConnection
 from redis.typing import EncodableT
 
-from cdc.config import RedisConfig
-from cdc.errors import CdcError, ConnectError, RedisUnavailable
+from publishers.errors import CdcError, ConnectError, RedisUnavailable
+from publishers.settings import RedisConfig
 
 RedisClient: TypeAlias = "aioredis.Redis | RedisCluster"
 T = TypeVar("T")

@@ -22,9 +22,9 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from redis import exceptions as rex
 
-from cdc.sources.base import Finding
 from publishers import connection
 from publishers.manager import DataManager
+from publishers.model import Finding
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -43,12 +43,12 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import ConnectionPool
 from redis.typing import EncodableT, FieldT
 
-from cdc.config import RedisConfig
-from cdc.errors import CdcError, LeaseLost
 from publishers import connection
 from publishers.connection import RedisClient
+from publishers.errors import CdcError, LeaseLost
 from publishers.layout import Layout
 from publishers.model import ApplyResult, Change, Checkpoint, Rejected
+from publishers.settings import RedisConfig
 
 MAX_CHANGES_PER_CALL = 1000
 MAX_CALL_BYTES = 8 << 20  # values per script call: bounds the time Redis is busy

@@ -8,7 +8,7 @@ and splices text and never decodes a number (DESIGN.md §4).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 ChangeOp = Literal["I", "U", "D", "S"]
 
@@ -53,3 +53,13 @@ class Checkpoint:
     version: int
     state: Literal["snapshotting", "streaming"]
     updated_at: str  # ISO 8601
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing ``cdc doctor`` found: level is ok, warning or error."""
+
+    level: Literal["ok", "warning", "error"]
+    subject: str
+    message: str
+    extra: dict[str, Any] = field(default_factory=dict)

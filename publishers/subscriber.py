@@ -42,13 +42,13 @@ from jsonpatch import JsonPatchException
 from jsonpointer import JsonPointerException
 from redis import exceptions as rex
 
-from cdc.config import RedisConfig
-from cdc.errors import CdcError, TransientError
 from publishers import connection
 from publishers.connection import RedisClient
+from publishers.errors import CdcError, TransientError
 from publishers.layout import Layout
 from publishers.manager import decode_document
 from publishers.messages import Document, Message, apply_patch, decode_message, stream_seq
+from publishers.settings import RedisConfig
 
 Replica = dict[str, dict[str, Document]]
 
