@@ -43,7 +43,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import ConnectionPool
 from redis.typing import EncodableT, FieldT
 
-from publishers import connection
+from publishers import connection, redis_calls
 from publishers.connection import RedisClient
 from publishers.errors import CdcError, LeaseLost
 from publishers.layout import Layout
@@ -347,7 +347,7 @@ class DataManager:
         failed: list[tuple[_Call, BaseException]] = []
         first: list[_Call] = []  # calls that wrote their partition's first message
         for call, reply in zip(calls, replies, strict=True):
-            if _is_fenced(reply):
+            if redis_calls.is_fenced(reply):
                 result.fenced.extend(call.changes)  # nothing written: another sidecar owns the table
             elif isinstance(reply, BaseException):
                 failed.append((call, reply))
@@ -386,13 +386,13 @@ class DataManager:
         counted as stale rather than applied.
         """
         if len(changes) == 1:
-            await self._reject(changes[0], redis_message(error), result)
+            await self._reject(changes[0], redis_calls.redis_message(error), result)
             return
         middle = len(changes) // 2
         for half in (changes[:middle], changes[middle:]):
             call = _Call(self.layout, tuple(header), partition, half)
             reply = (await self._evalsha([call]))[0]
-            if _is_fenced(reply):
+            if redis_calls.is_fenced(reply):
                 result.fenced.extend(half)
             elif isinstance(reply, BaseException):
                 await self._isolate(partition, half, header, result, reply)
@@ -417,14 +417,14 @@ class DataManager:
         (a restarted or failed-over server). Raises on every failure that is
         not a content failure; returns those in the call's slot."""
         replies = await self._send(calls)
-        if any(isinstance(r, rex.NoScriptError) for r in replies):
+        if any(map(redis_calls.is_noscript, replies)):
             await self._load_script()
-            again = [i for i, r in enumerate(replies) if isinstance(r, rex.NoScriptError)]
+            again = [i for i, r in enumerate(replies) if redis_calls.is_noscript(r)]
             for i, reply in zip(again, await self._send([calls[i] for i in again]), strict=True):
                 replies[i] = reply
         for reply in replies:
-            if isinstance(reply, BaseException) and not _is_content_error(reply):
-                raise _fatal(reply, self.config.url)
+            if isinstance(reply, BaseException) and not redis_calls.is_content_error(reply):
+                raise redis_calls.translate(reply, self.config.url)
         return replies
 
     async def _send(self, calls: list[_Call]) -> list[Reply]:
@@ -438,10 +438,8 @@ class DataManager:
                 if isinstance(reply, CdcError):
                     raise reply
             return list(replies)
-        try:
-            return await connection.finish(self._stream(self.client.connection_pool, calls))
-        except (rex.RedisError, OSError) as exc:
-            raise connection.translate(exc, self.config.url) from None
+        streamed: list[Reply] = await self._call(self._stream(self.client.connection_pool, calls))
+        return streamed
 
     async def _stream(self, pool: ConnectionPool, calls: list[_Call]) -> list[Reply]:
         """Pipeline the calls on one pooled connection; error replies come back
@@ -467,26 +465,16 @@ class DataManager:
     async def _send_one(self, call: _Call) -> Reply:
         """The reply, or the ResponseError a content failure raised."""
         keys, args = call.command
-        try:
-            return await connection.finish(self.client.evalsha(self._sha, len(keys), *keys, *args))
-        except (rex.ResponseError, rex.ClusterError) as exc:
-            return exc
-        except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
-            raise connection.translate(exc, self.config.url) from None
+        command = self.client.evalsha(self._sha, len(keys), *keys, *args)
+        return await redis_calls.reply_or_error(command, self.config.url)
 
     async def _execute_pipeline(self, pipe: Any, *, raise_on_error: bool = True) -> list[Reply]:
-        try:
-            replies: list[Reply] = await connection.finish(pipe.execute(raise_on_error=raise_on_error))
-        except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
-            raise connection.translate(exc, self.config.url) from None
+        replies: list[Reply] = await self._call(pipe.execute(raise_on_error=raise_on_error))
         return replies
 
     async def _load_script(self) -> None:
         """SCRIPT LOAD (on every primary of a cluster)."""
-        try:
-            sha = await connection.finish(self.client.script_load(self._script))
-        except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
-            raise connection.translate(exc, self.config.url) from None
+        sha = await self._call(self.client.script_load(self._script))
         sha = sha.decode() if isinstance(sha, bytes) else str(sha)
         if sha != self._sha:
             raise CdcError(f"Redis named apply.lua {sha}, expected {self._sha}")
@@ -520,14 +508,8 @@ class DataManager:
             "values": self._dead_values(change, payload),
             "ts": timestamp(now),
         }
-        try:
-            await connection.finish(
-                self.client.xadd(
-                    self.layout.deadletter(), fields, maxlen=DEAD_LETTER_MAX_LEN, approximate=True
-                )
-            )
-        except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
-            raise connection.translate(exc, self.config.url) from None
+        deadletter = self.layout.deadletter()
+        await self._call(self.client.xadd(deadletter, fields, maxlen=DEAD_LETTER_MAX_LEN, approximate=True))
 
     def _dead_values(self, change: Change | None, payload: Mapping[str, Any] | None) -> bytes:
         """The values as one JSON object (spliced from the encoded columns), or
@@ -581,13 +563,9 @@ class DataManager:
         if fence:
             args = (str(version), timestamp(now), state, str(fence))
             try:
-                await connection.finish(self.client.eval(_FENCED_CHECKPOINT, 1, key, *args))
-            except rex.ResponseError as exc:
-                if str(exc).startswith("FENCED"):
-                    raise LeaseLost(f"{table}: {exc}") from None
-                raise connection.translate(exc, self.config.url) from None
-            except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
-                raise connection.translate(exc, self.config.url) from None
+                await self._call(self.client.eval(_FENCED_CHECKPOINT, 1, key, *args))
+            except LeaseLost as lost:
+                raise LeaseLost(f"{table}: {lost}") from None
             return
         mapping: dict[FieldT, EncodableT] = {
             "version": str(version),
@@ -665,10 +643,7 @@ class DataManager:
 
     async def _call(self, awaitable: Any) -> Any:
         """Await one command (never abandoned half-way), mapping its errors."""
-        try:
-            return await connection.finish(awaitable)
-        except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
-            raise connection.translate(exc, self.config.url) from None
+        return await redis_calls.call(awaitable, self.config.url)
 
 
 def decode_document(raw: Mapping[Any, Any] | None) -> dict[str, Any] | None:
@@ -679,32 +654,6 @@ def decode_document(raw: Mapping[Any, Any] | None) -> dict[str, Any] | None:
     if "@del" in fields:
         return None
     return {name: orjson.loads(value) for name, value in fields.items() if not name.startswith("@")}
-
-
-def redis_message(error: BaseException) -> str:
-    """The Redis error text with its code (redis-py strips known codes)."""
-    text = str(error)
-    code = getattr(error, "status_code", None)
-    return f"{code} {text}" if code and not text.startswith(code) else text
-
-
-def _is_fenced(reply: Any) -> bool:
-    """The script refused a stale lease owner's call (before writing anything)."""
-    return isinstance(reply, rex.ResponseError) and str(reply).startswith("FENCED")
-
-
-def _is_content_error(error: BaseException) -> bool:
-    if not isinstance(error, rex.ResponseError) or connection.is_transient(error):
-        return False
-    if isinstance(error, (rex.NoScriptError, rex.NoPermissionError)):
-        return False
-    return not str(error).startswith("CDCLAYOUT")
-
-
-def _fatal(error: BaseException, url: str) -> CdcError:
-    if str(error).startswith("CDCLAYOUT"):
-        return CdcError(f"Redis layout is damaged: {str(error).removeprefix('CDCLAYOUT ')}")
-    return connection.translate(error, url)
 
 
 def _text(value: Any) -> str:
