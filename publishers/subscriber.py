@@ -43,9 +43,9 @@ from jsonpointer import JsonPointerException
 
 from publishers import connection, redis_calls
 from publishers.connection import RedisClient
+from publishers.documents import decode_document
 from publishers.errors import CdcError, TransientError
 from publishers.layout import Layout
-from publishers.manager import decode_document
 from publishers.messages import Document, Message, apply_patch, decode_message, stream_seq
 from publishers.settings import RedisConfig
 
