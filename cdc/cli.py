@@ -18,7 +18,8 @@ import click
 from cdc import __version__
 from cdc.config import Config, load_config
 from cdc.errors import CdcError
-from cdc.logs import redact, setup_logging
+from cdc.logs import setup_logging
+from publishers.redaction import mask_passwords
 
 T = TypeVar("T")
 log = logging.getLogger("cdc.cli")
@@ -38,7 +39,7 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     try:
         return asyncio.run(coro)
     except CdcError as exc:
-        click.echo(f"error: {redact(str(exc))}", err=True)
+        click.echo(f"error: {mask_passwords(str(exc))}", err=True)
         sys.exit(exc.exit_code)
 
 

@@ -25,6 +25,7 @@ import yaml
 from cdc.durations import parse_duration
 from cdc.errors import ConfigError
 from cdc.templates import Template
+from publishers.settings import RedisConfig as RedisConfig  # re-exported: owned by publishers, built here
 
 Operation = Literal["I", "U", "D"]
 DEFAULT_BACKOFF: tuple[tuple[int | None, float], ...] = (
@@ -47,15 +48,6 @@ class SourceConfig:
     connect_timeout: float = 10.0
     query_timeout: float = 60.0
     notify: bool = True  # postgres: LISTEN for the triggers' wake-ups; false: poll on the backoff alone
-
-
-@dataclass(frozen=True)
-class RedisConfig:
-    url: str = field(default="redis://127.0.0.1:6379/0", repr=False)
-    cluster: bool = False
-    namespace: str = "cdc"
-    stream_max_len: int = 100_000
-    tombstone_ttl: float = 7 * 86400.0
 
 
 @dataclass(frozen=True)

@@ -1,32 +1,54 @@
 """The one exception hierarchy of cdc-sync.
 
 Driver errors (psycopg, pyodbc, redis-py) are mapped onto it at the adapter
-boundary, so the rest of the code, and the retry policies, only ever see these::
+boundary, so the rest of the code, and the retry policies, only ever see these.
+The root and the Redis-side classes (marked *) live in ``publishers.errors``,
+because ``publishers`` imports nothing from ``cdc``; they are re-exported here
+as the very same classes::
 
-    CdcError                       base; ``exit_code`` is the command line's code
+    CdcError *                     base; ``exit_code`` is the command line's code
     ├── ConfigError                2  bad config file or usage (names file, line, field)
-    ├── ConnectError               3  cannot connect at start-up (source or Redis)
-    ├── TransientError             1  worth retrying: link failure, timeout, deadlock,
+    ├── ConnectError *             3  cannot connect at start-up (source or Redis)
+    ├── TransientError *           1  worth retrying: link failure, timeout, deadlock,
     │   ├── SourceUnavailable         the source went away mid-run
-    │   └── RedisUnavailable          Redis went away, is loading, or is out of memory
+    │   └── RedisUnavailable *        Redis went away, is loading, or is out of memory
     ├── SourceError                1  the source cannot do what is asked
     │   ├── TrackingNotEnabled     2  tracking is off for a table (or NULL min version)
     │   ├── TrackingExpired           the checkpoint is no longer valid: re-snapshot
     │   └── SchemaError            2  no primary key, unknown column, changed schema
     │       └── UnsupportedType    2  a column type with no JSON mapping
-    ├── PoisonChange               1  one change cannot be applied: dead letter it
-    └── LeaseLost                  1  another sidecar owns the table now (fencing)
+    ├── PoisonChange *             1  one change cannot be applied: dead letter it
+    └── LeaseLost *                1  another sidecar owns the table now (fencing)
 
 ``TransientError`` is the only branch that the retry loops (tenacity) retry.
 """
 
 from __future__ import annotations
 
+from publishers.errors import (
+    CdcError,
+    ConnectError,
+    LeaseLost,
+    PoisonChange,
+    RedisUnavailable,
+    TransientError,
+)
 
-class CdcError(Exception):
-    """Base of every error cdc-sync raises on purpose."""
-
-    exit_code = 1
+__all__ = [
+    "CdcError",
+    "ConfigError",
+    "ConnectError",
+    "LeaseLost",
+    "PoisonChange",
+    "RedisUnavailable",
+    "SchemaError",
+    "SourceError",
+    "SourceUnavailable",
+    "TrackingExpired",
+    "TrackingNotEnabled",
+    "TransientError",
+    "UnsupportedType",
+]
 
 
 class ConfigError(CdcError):
@@ -35,22 +57,8 @@ class ConfigError(CdcError):
     exit_code = 2
 
 
-class ConnectError(CdcError):
-    """A server cannot be reached at start-up. Exit code 3."""
-
-    exit_code = 3
-
-
-class TransientError(CdcError):
-    """A failure that may pass: retried with capped, jittered backoff."""
-
-
 class SourceUnavailable(TransientError):
     """The source database is unreachable, restarting, or timed out."""
-
-
-class RedisUnavailable(TransientError):
-    """Redis is unreachable, loading, read-only, or out of memory."""
 
 
 class SourceError(CdcError):
@@ -84,12 +92,3 @@ class SchemaError(SourceError):
 
 class UnsupportedType(SchemaError):
     """A column type that cdc-sync cannot map to JSON."""
-
-
-class PoisonChange(CdcError):
-    """One change cannot be applied because of its content (it goes to the
-    dead letter with this reason while the rest of its batch applies)."""
-
-
-class LeaseLost(CdcError):
-    """This sidecar no longer owns a table: another instance took it over."""

@@ -6,7 +6,7 @@ Checkpoint hash fields besides DESIGN.md's ``version``/``updated_at``/``state``:
 ``snapshot_requested`` (set by ``cdc snapshot`` for the owning sidecar to act
 on), ``snapshot_rows`` and ``snapshot_total`` (progress of a running snapshot).
 
-Every function maps redis-py errors onto ``cdc.errors`` (``RedisUnavailable``
+Every function maps redis-py errors onto ``publishers.errors`` (``RedisUnavailable``
 for what may pass), like the data manager: the daemon calls them from loops
 that retry ``TransientError`` and must not die of a raw ``ConnectionError``
 while Redis restarts.
@@ -20,11 +20,9 @@ import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from redis import exceptions as rex
-
-from cdc.sources.base import Finding
-from publishers import connection
+from publishers import redis_calls
 from publishers.manager import DataManager
+from publishers.model import Finding
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -37,16 +35,13 @@ def _text(value: Any) -> str:
 def _translated(
     fn: Callable[Concatenate[DataManager, P], Coroutine[Any, Any, T]],
 ) -> Callable[Concatenate[DataManager, P], Coroutine[Any, Any, T]]:
-    """Map the driver's errors onto cdc.errors at this adapter boundary, and
-    never abandon a command half-way when cancelled (``connection.finish``: a
-    tracker that loses its lease is cancelled wherever it is)."""
+    """Run ``fn`` through ``redis_calls.call``: its driver errors mapped at this
+    adapter boundary, and never abandoned half-way when cancelled (a tracker
+    that loses its lease is cancelled wherever it is)."""
 
     @functools.wraps(fn)
     async def wrapper(manager: DataManager, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        try:
-            return await connection.finish(fn(manager, *args, **kwargs))
-        except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
-            raise connection.translate(exc, manager.config.url) from None
+        return await redis_calls.call(fn(manager, *args, **kwargs), manager.config.url)
 
     return wrapper
 

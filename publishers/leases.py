@@ -18,9 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from redis import exceptions as rex
-
-from publishers import connection
+from publishers import redis_calls
 from publishers.manager import DataManager
 
 _ACQUIRE = """
@@ -88,10 +86,7 @@ class Leases:
         pipe = self.manager.client.pipeline(transaction=False)
         for table in tables:
             pipe.eval(_RENEW, 1, layout.lease(table), self.owner, self.ttl_ms)
-        try:
-            replies = await connection.finish(pipe.execute())
-        except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
-            raise connection.translate(exc, self.manager.config.url) from None
+        replies = await redis_calls.call(pipe.execute(), self.manager.config.url)
         renewed = {table: bool(reply) for table, reply in zip(tables, replies, strict=True)}
         for table, ours in renewed.items():
             if not ours:
@@ -103,16 +98,11 @@ class Leases:
         await self._eval(_RELEASE, self.manager.layout.lease(table))
 
     async def holder(self, table: str) -> str | None:
-        try:
-            value = await connection.finish(self.manager.client.get(self.manager.layout.lease(table)))
-        except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
-            raise connection.translate(exc, self.manager.config.url) from None
+        value = await redis_calls.call(
+            self.manager.client.get(self.manager.layout.lease(table)), self.manager.config.url
+        )
         return None if value is None else (value.decode() if isinstance(value, bytes) else str(value))
 
     async def _eval(self, script: str, *keys: str, extra: tuple[str, ...] = ()) -> Any:
-        try:
-            return await connection.finish(
-                self.manager.client.eval(script, len(keys), *keys, self.owner, self.ttl_ms, *extra)
-            )
-        except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
-            raise connection.translate(exc, self.manager.config.url) from None
+        command = self.manager.client.eval(script, len(keys), *keys, self.owner, self.ttl_ms, *extra)
+        return await redis_calls.call(command, self.manager.config.url)

@@ -1,61 +1,47 @@
-"""The Redis distributed data manager: applies batches of changes, keeps
-checkpoints, the dead letter and heartbeats.
+"""The Redis distributed data manager: the facade the daemon and the tools use.
 
-``DataManager.apply`` groups a batch by partition (keeping each partition's
-order), splits every partition into calls of at most ``max_changes_per_call``
-changes (Redis serves nobody else while a script runs), and sends one
-``apply.lua`` call per chunk: every first chunk of every partition in one
-pipelined round trip (a cluster pipeline fans out to the nodes concurrently),
-then every second chunk, and so on, so a partition's chunks run in order.
-
-Failures are sorted three ways:
-
-- transient (link down, loading, failover, OOM): ``RedisUnavailable`` is raised
-  and the daemon retries the whole batch; replays are harmless by the apply
-  rule (a change at or below a document's ``@v`` is dropped);
-- a damaged shared key (``CDCLAYOUT`` from the script, ``NOPERM``): ``CdcError``,
-  retrying cannot help;
-- anything else is a content failure (e.g. ``WRONGTYPE``: someone wrote a
-  string at a document key): the chunk is bisected, in order, until the
-  poison change(s) are isolated; each goes to the dead letter with the Redis
-  error as its reason, and the rest of the chunk is applied.
-
-Changes that cannot be sent at all (oversized rows, reserved column names,
-empty partition values, negative versions) go to the dead letter without a
-Redis call.
+``DataManager`` owns the client and the config and keeps its public methods;
+the work is done beside it: ``publishers.apply`` (the apply path's Python half,
+beside ``apply.lua``), ``publishers.documents`` (reading documents back). The
+dead letter, checkpoints and heartbeats are small enough to stay here.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-import itertools
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from functools import cached_property, lru_cache
-from importlib import resources
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Literal
 
 import orjson
-from redis import exceptions as rex
-from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.connection import ConnectionPool
 from redis.typing import EncodableT, FieldT
 
-from cdc.config import RedisConfig
-from cdc.errors import CdcError, LeaseLost
-from publishers import connection
+from publishers import connection, redis_calls
+from publishers.apply import (
+    MAX_CALL_BYTES,
+    MAX_CHANGES_PER_CALL,
+    MAX_ROW_BYTES,
+    Applier,
+    Reply,
+    apply_script,
+)
 from publishers.connection import RedisClient
+from publishers.documents import Documents, decode_document
+from publishers.errors import CdcError, LeaseLost
 from publishers.layout import Layout
-from publishers.model import ApplyResult, Change, Checkpoint, Rejected
+from publishers.model import ApplyResult, Change, Checkpoint, Rejected, timestamp
+from publishers.settings import RedisConfig
 
-MAX_CHANGES_PER_CALL = 1000
-MAX_CALL_BYTES = 8 << 20  # values per script call: bounds the time Redis is busy
-MAX_ROW_BYTES = 1 << 20
+__all__ = [
+    "MAX_CALL_BYTES",
+    "MAX_CHANGES_PER_CALL",
+    "MAX_ROW_BYTES",
+    "DataManager",
+    "apply_script",
+    "decode_document",
+    "timestamp",
+]
+
 DEAD_LETTER_MAX_LEN = 100_000
-_SCAN_COUNT = 1000
-_KNOWN_PAIRS_LIMIT = 100_000
 # The checkpoint hash keeps the highest fencing token that wrote it (field
 # "fence"); a lower token is refused. Tokens are decimal strings compared by
 # length then bytes, like versions (no tonumber).
@@ -68,136 +54,6 @@ end
 redis.call('HSET', KEYS[1], 'version', ARGV[1], 'updated_at', ARGV[2], 'state', ARGV[3], 'fence', mine)
 return 1
 """
-
-Reply = Any  # a decoded Redis reply, or the exception a pipeline slot raised
-
-# The (1-based) positions of the documents (KEYS) whose @v is set and is not
-# ARGV[1]: a re-snapshot's sweep, in one call per index page instead of one
-# HGET per document (parsing 1,000 pipelined replies cost more than the sweep).
-STALE_SCRIPT = b"""#!lua flags=no-writes
-local out = {}
-for i = 1, #KEYS do
-  local v = redis.call('HGET', KEYS[i], '@v')
-  if v and v ~= ARGV[1] then out[#out + 1] = i end
-end
-return out
-"""
-
-
-def apply_script() -> bytes:
-    """The text of ``apply.lua``, shipped as package data."""
-    return resources.files("publishers").joinpath("apply.lua").read_bytes()
-
-
-@lru_cache(maxsize=4096)
-def _column_args(column: str) -> tuple[bytes, bytes, bytes]:
-    """Hash field, JSON name and JSON RFC 6901 path of a column, so that the
-    script never escapes JSON or JSON Pointer itself."""
-    pointer = "/" + column.replace("~", "~0").replace("/", "~1")
-    return column.encode(), orjson.dumps(column), orjson.dumps(pointer)
-
-
-@lru_cache(maxsize=1024)
-def _names_check(names: tuple[str, ...]) -> tuple[str | None, int]:
-    """(problem with a row's column names or None, their size in bytes)."""
-    reserved = [name for name in names if name.startswith("@")]
-    problem = f"reserved column name(s): {', '.join(reserved)}" if reserved else None
-    return problem, sum(len(name) for name in names)
-
-
-def timestamp(now: datetime | None = None) -> str:
-    """ISO 8601 UTC with microseconds and ``Z``, as messages carry it (naive = UTC)."""
-    moment = now or datetime.now(UTC)
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-@dataclass
-class _Call:
-    """One ``apply.lua`` call: a chunk of one partition's changes. Its KEYS
-    and ARGV are built on first use, so that a call can be built while Redis
-    runs the one sent before it."""
-
-    layout: Layout
-    header: tuple[Any, ...]
-    partition: str
-    changes: list[Change]
-
-    @cached_property
-    def command(self) -> tuple[list[Any], list[Any]]:
-        builder = _CallBuilder(self.layout, self.partition)
-        for change in self.changes:
-            builder.add(change)
-        return builder.keys_and_args(self.header)
-
-
-class _CallBuilder:
-    """KEYS and ARGV of one call, laid out as apply.lua's header describes.
-
-    Columns are sent once per call and rows refer to a *shape* (their column
-    list), so a row costs one argument per value plus six, not three per column.
-    """
-
-    def __init__(self, layout: Layout, partition: str) -> None:
-        self.layout, self.partition = layout, partition
-        self.prefix = layout.prefix(partition)
-        self.groups: dict[tuple[str, str], int] = {}
-        self.doc_prefixes: dict[int, str] = {}
-        self.group_args: list[Any] = []
-        self.index_keys: list[str] = []
-        self.columns: dict[str, int] = {}
-        self.column_args: list[Any] = []
-        self.shapes: dict[tuple[str, ...], int] = {}
-        self.shape_args: list[Any] = []
-        self.doc_keys: list[str] = []
-        self.change_args: list[Any] = []
-
-    def add(self, change: Change) -> None:
-        """Append one change (the hot path: a few dict lookups and one extend)."""
-        group = self.groups.get((change.section, change.table)) or self._group(change)
-        self.doc_keys.append(self.doc_prefixes[group] + change.key)
-        values = change.values
-        reset = b"1" if change.reset else b"0"
-        if change.op == "D" or values is None:
-            self.change_args += (group, orjson.dumps(change.key), "D", str(change.version), reset, 0)
-            return
-        names = tuple(values)
-        shape = self.shapes.get(names) or self._shape(names)
-        self.change_args += (group, orjson.dumps(change.key), change.op, str(change.version), reset, shape)
-        self.change_args += values.values()
-
-    def _group(self, change: Change) -> int:
-        doc_prefix = f"{self.prefix}{change.section}:"
-        group = self.groups[(change.section, change.table)] = len(self.groups) + 1
-        self.doc_prefixes[group] = doc_prefix
-        self.index_keys.append(self.layout.index(self.partition, change.section))
-        self.group_args += (orjson.dumps(change.section), orjson.dumps(change.table))
-        self.group_args += (self.layout.channel(self.partition, change.section), len(doc_prefix.encode()))
-        self.group_args.append(str(change.fence))
-        return group
-
-    def _shape(self, names: tuple[str, ...]) -> int:
-        indexes = []
-        for name in names:
-            if name not in self.columns:
-                self.columns[name] = len(self.columns) + 1
-                self.column_args.extend(_column_args(name))
-            indexes.append(self.columns[name])
-        self.shapes[names] = len(self.shapes) + 1
-        self.shape_args += (len(indexes), *indexes)
-        return len(self.shapes)
-
-    def keys_and_args(self, header: Sequence[Any]) -> tuple[list[Any], list[Any]]:
-        keys = [
-            self.layout.seq(self.partition),
-            self.layout.stream(self.partition),
-            self.layout.fence(self.partition),
-        ]
-        keys += self.index_keys + self.doc_keys
-        args = [orjson.dumps(self.partition), *header, len(self.groups), len(self.columns), len(self.shapes)]
-        args += self.group_args + self.column_args + self.shape_args + self.change_args
-        return keys, args
 
 
 class DataManager:
@@ -218,15 +74,8 @@ class DataManager:
         self.max_row_bytes = max_row_bytes
         self.max_changes_per_call = max(1, max_changes_per_call)
         self._owns_client = owns_client
-        self._script = apply_script()
-        self._sha = hashlib.sha1(self._script).hexdigest()  # Redis names scripts by SHA-1
-        self._known_pairs: set[tuple[str, str]] = set()
-        self._known_sections: set[str] = set()
-        self._header = (
-            str(config.stream_max_len),
-            str(max(1, round(config.tombstone_ttl * 1000))),
-            "SPUBLISH" if config.cluster else "PUBLISH",
-        )
+        self._applier = Applier(self, max_row_bytes=max_row_bytes, max_changes_per_call=max_changes_per_call)
+        self._documents = Documents(self)
 
     @classmethod
     async def connect(
@@ -240,7 +89,7 @@ class DataManager:
         client = client or await connection.connect(config)
         manager = cls(client, config, owns_client=owns, **options)
         try:
-            await manager._load_script()
+            await manager._applier.load_script()
         except CdcError:
             if owns:
                 await connection.close_client(client)
@@ -264,232 +113,11 @@ class DataManager:
 
         Raises ``RedisUnavailable`` on transient failures (retry the batch).
         """
-        result = ApplyResult()
-        by_partition: dict[str, list[tuple[Change, int]]] = {}
-        for change in changes:
-            problem, size = self._admit(change)
-            if problem is not None:
-                await self._reject(change, problem, result)
-            else:
-                by_partition.setdefault(change.partition, []).append((change, size))
-        if not by_partition:
-            return result
-        registered = await self._register_partitions(by_partition)
-        header: tuple[Any, ...] = (timestamp(now), *self._header)
-        chunked = [self._chunks(partition, sized) for partition, sized in by_partition.items()]
-        for round_ in itertools.zip_longest(*chunked):
-            calls = [_Call(self.layout, header, *chunk) for chunk in round_ if chunk is not None]
-            await self._run_round(calls, header, result, registered)
-        return result
+        return await self._applier.apply(changes, now=now)
 
-    def _admit(self, change: Change) -> tuple[str | None, int]:
-        """Why ``change`` cannot be sent to Redis at all (or None), and its size
-        in bytes. Checks that only depend on the column names are cached per
-        column list, so a row costs one C-level pass over its values."""
-        if not change.partition:
-            return "empty partition value", 0
-        if not change.key:
-            return "empty data key", 0
-        if change.version < 0:
-            return f"negative version {change.version}", 0
-        values = change.values
-        if change.op == "D" or values is None:
-            return (None if change.op == "D" else f"op {change.op} without values"), 0
-        problem, names_size = _names_check(tuple(values))
-        size = names_size + sum(map(len, values.values()))
-        if problem is None and size > self.max_row_bytes:
-            problem = f"row of {size} bytes exceeds max_row_bytes ({self.max_row_bytes})"
-        return problem, size
-
-    def _chunks(self, partition: str, sized: list[tuple[Change, int]]) -> list[tuple[str, list[Change]]]:
-        """Split one partition's changes into calls bounded by count and bytes."""
-        chunks: list[tuple[str, list[Change]]] = []
-        current: list[Change] = []
-        total = 0
-        for change, size in sized:
-            if current and (len(current) >= self.max_changes_per_call or total + size > MAX_CALL_BYTES):
-                chunks.append((partition, current))
-                current, total = [], 0
-            current.append(change)
-            total += size
-        chunks.append((partition, current))
-        return chunks
-
-    async def _register_partitions(
-        self, by_partition: Mapping[str, list[tuple[Change, int]]]
-    ) -> set[tuple[str, str]]:
-        """Record every (section, partition) pair in ``ns:@partitions:section``
-        *before* the documents are written, so that a sweep or a subscriber
-        that lists a section's partitions never misses a written one. Returns
-        the pairs registered now (the others were known already)."""
-        missing: dict[str, set[str]] = {}
-        for partition, sized in by_partition.items():
-            for change, _ in sized:
-                if (change.section, partition) not in self._known_pairs:
-                    missing.setdefault(change.section, set()).add(partition)
-        if not missing:
-            return set()
-        pipe = self.client.pipeline(transaction=False)
-        for section, partitions in missing.items():
-            pipe.sadd(self.layout.partitions(section), *sorted(partitions))
-        await self._execute_pipeline(pipe)
-        if len(self._known_pairs) > _KNOWN_PAIRS_LIMIT:
-            self._known_pairs.clear()
-        registered = {(s, p) for s, ps in missing.items() for p in ps}
-        self._known_pairs |= registered
-        self._known_sections |= missing.keys()
-        return registered
-
-    async def _run_round(
-        self, calls: list[_Call], header: Sequence[Any], result: ApplyResult, registered: set[tuple[str, str]]
-    ) -> None:
-        replies = await self._evalsha(calls)
-        failed: list[tuple[_Call, BaseException]] = []
-        first: list[_Call] = []  # calls that wrote their partition's first message
-        for call, reply in zip(calls, replies, strict=True):
-            if _is_fenced(reply):
-                result.fenced.extend(call.changes)  # nothing written: another sidecar owns the table
-            elif isinstance(reply, BaseException):
-                failed.append((call, reply))
-            elif self._count(call, reply, result):
-                first.append(call)
-        if first:
-            await self._registrations_lost(first, registered)
-        for call, error in failed:
-            await self._isolate(call.partition, call.changes, header, result, error)
-
-    async def _registrations_lost(self, calls: list[_Call], registered: set[tuple[str, str]]) -> None:
-        """These calls started their partition's ``@seq`` from 0: the partition
-        is new (registered by this batch), or Redis lost its data (restarted
-        empty, flushed) after this manager registered it. Then what the cache
-        says about the partition is wrong: forget it and register again now,
-        or sweeps and subscribers would never find the documents written."""
-        partitions = {call.partition for call in calls}
-        stale = {(s, p) for s in self._known_sections for p in partitions} & self._known_pairs
-        stale -= registered
-        if stale:
-            self._known_pairs -= stale
-            await self._register_partitions({c.partition: [(x, 0) for x in c.changes] for c in calls})
-
-    async def _isolate(
-        self,
-        partition: str,
-        changes: list[Change],
-        header: Sequence[Any],
-        result: ApplyResult,
-        error: BaseException,
-    ) -> None:
-        """Bisect a failed chunk, halves in order, down to the poison change(s).
-
-        Changes before the poison may have been applied by the failed call;
-        re-sending them is harmless (they are stale now), but they are then
-        counted as stale rather than applied.
-        """
-        if len(changes) == 1:
-            await self._reject(changes[0], redis_message(error), result)
-            return
-        middle = len(changes) // 2
-        for half in (changes[:middle], changes[middle:]):
-            call = _Call(self.layout, tuple(header), partition, half)
-            reply = (await self._evalsha([call]))[0]
-            if _is_fenced(reply):
-                result.fenced.extend(half)
-            elif isinstance(reply, BaseException):
-                await self._isolate(partition, half, header, result, reply)
-            else:
-                self._count(call, reply, result)
-
-    @staticmethod
-    def _count(call: _Call, reply: Reply, result: ApplyResult) -> bool:
-        """Add the call's outcome to ``result``; whether it published the
-        partition's first message (``@seq`` was 0 before it)."""
-        statuses, seq = reply
-        statuses = statuses.encode() if isinstance(statuses, str) else bytes(statuses)
-        published, applied = statuses.count(b"p"), statuses.count(b"a")
-        result.published += published
-        result.applied += published + applied
-        result.stale += statuses.count(b"s")
-        result.seqs[call.partition] = int(seq)
-        return published > 0 and int(seq) == published
-
-    async def _evalsha(self, calls: list[_Call]) -> list[Reply]:
-        """Send the calls in one round trip; re-load the script on NOSCRIPT
-        (a restarted or failed-over server). Raises on every failure that is
-        not a content failure; returns those in the call's slot."""
-        replies = await self._send(calls)
-        if any(isinstance(r, rex.NoScriptError) for r in replies):
-            await self._load_script()
-            again = [i for i, r in enumerate(replies) if isinstance(r, rex.NoScriptError)]
-            for i, reply in zip(again, await self._send([calls[i] for i in again]), strict=True):
-                replies[i] = reply
-        for reply in replies:
-            if isinstance(reply, BaseException) and not _is_content_error(reply):
-                raise _fatal(reply, self.config.url)
-        return replies
-
-    async def _send(self, calls: list[_Call]) -> list[Reply]:
-        """One round trip. On a single server the calls go down one connection,
-        each sent as soon as it is built (Redis runs one while the next is
-        built); a cluster (whose pipelines refuse EVALSHA) gets concurrent
-        calls, each routed to its node."""
-        if isinstance(self.client, RedisCluster):
-            replies = await asyncio.gather(*(self._send_one(call) for call in calls), return_exceptions=True)
-            for reply in replies:
-                if isinstance(reply, CdcError):
-                    raise reply
-            return list(replies)
-        try:
-            return await connection.finish(self._stream(self.client.connection_pool, calls))
-        except (rex.RedisError, OSError) as exc:
-            raise connection.translate(exc, self.config.url) from None
-
-    async def _stream(self, pool: ConnectionPool, calls: list[_Call]) -> list[Reply]:
-        """Pipeline the calls on one pooled connection; error replies come back
-        in their slot (a connection failure discards the connection)."""
-        conn = await pool.get_connection()  # type: ignore[no-untyped-call]
-        try:
-            for call in calls:
-                keys, args = call.command
-                await conn.send_command("EVALSHA", self._sha, len(keys), *keys, *args)
-            replies: list[Reply] = []
-            for _ in calls:
-                try:
-                    replies.append(await conn.read_response())
-                except rex.ResponseError as exc:
-                    replies.append(exc)
-            return replies
-        except BaseException:
-            await conn.disconnect()
-            raise
-        finally:
-            await pool.release(conn)
-
-    async def _send_one(self, call: _Call) -> Reply:
-        """The reply, or the ResponseError a content failure raised."""
-        keys, args = call.command
-        try:
-            return await connection.finish(self.client.evalsha(self._sha, len(keys), *keys, *args))
-        except (rex.ResponseError, rex.ClusterError) as exc:
-            return exc
-        except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
-            raise connection.translate(exc, self.config.url) from None
-
-    async def _execute_pipeline(self, pipe: Any, *, raise_on_error: bool = True) -> list[Reply]:
-        try:
-            replies: list[Reply] = await connection.finish(pipe.execute(raise_on_error=raise_on_error))
-        except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
-            raise connection.translate(exc, self.config.url) from None
-        return replies
-
-    async def _load_script(self) -> None:
-        """SCRIPT LOAD (on every primary of a cluster)."""
-        try:
-            sha = await connection.finish(self.client.script_load(self._script))
-        except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
-            raise connection.translate(exc, self.config.url) from None
-        sha = sha.decode() if isinstance(sha, bytes) else str(sha)
-        if sha != self._sha:
-            raise CdcError(f"Redis named apply.lua {sha}, expected {self._sha}")
+    @property
+    def _sha(self) -> str:
+        return self._applier.sha
 
     # -- dead letter ----------------------------------------------------------
 
@@ -520,14 +148,8 @@ class DataManager:
             "values": self._dead_values(change, payload),
             "ts": timestamp(now),
         }
-        try:
-            await connection.finish(
-                self.client.xadd(
-                    self.layout.deadletter(), fields, maxlen=DEAD_LETTER_MAX_LEN, approximate=True
-                )
-            )
-        except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
-            raise connection.translate(exc, self.config.url) from None
+        deadletter = self.layout.deadletter()
+        await self._call(self.client.xadd(deadletter, fields, maxlen=DEAD_LETTER_MAX_LEN, approximate=True))
 
     def _dead_values(self, change: Change | None, payload: Mapping[str, Any] | None) -> bytes:
         """The values as one JSON object (spliced from the encoded columns), or
@@ -581,13 +203,9 @@ class DataManager:
         if fence:
             args = (str(version), timestamp(now), state, str(fence))
             try:
-                await connection.finish(self.client.eval(_FENCED_CHECKPOINT, 1, key, *args))
-            except rex.ResponseError as exc:
-                if str(exc).startswith("FENCED"):
-                    raise LeaseLost(f"{table}: {exc}") from None
-                raise connection.translate(exc, self.config.url) from None
-            except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
-                raise connection.translate(exc, self.config.url) from None
+                await self._call(self.client.eval(_FENCED_CHECKPOINT, 1, key, *args))
+            except LeaseLost as lost:
+                raise LeaseLost(f"{table}: {lost}") from None
             return
         mapping: dict[FieldT, EncodableT] = {
             "version": str(version),
@@ -607,104 +225,31 @@ class DataManager:
         pipe.pexpire(key, max(1, round(ttl * 1000)))
         await self._execute_pipeline(pipe)
 
-    # -- reading documents ------------------------------------------------------
+    # -- reading documents (publishers.documents) --------------------------------
 
     async def document(self, partition: str, section: str, key: str) -> dict[str, Any] | None:
         """A live document, values decoded; None when absent or deleted."""
-        raw = await self._call(self.client.hgetall(self.layout.document(partition, section, key)))
-        return decode_document(raw)
+        return await self._documents.document(partition, section, key)
 
     async def documents(self, partition: str, section: str) -> dict[str, dict[str, Any]]:
-        """Every live document of a section in a partition (not atomic: for
-        tests and tools; the subscriber loads consistently)."""
-        out: dict[str, dict[str, Any]] = {}
-        async for keys in self._index_batches(partition, section):
-            prefix = self.layout.document_prefix(partition, section)
-            replies = await self._pipelined("hgetall", [prefix + k for k in keys])
-            for key, raw in zip(keys, replies, strict=True):
-                doc = decode_document(raw)
-                if doc is not None:
-                    out[key] = doc
-        return out
+        """Every live document of a section in a partition (not atomic)."""
+        return await self._documents.documents(partition, section)
 
     async def partitions(self, section: str) -> set[str]:
         """The partition values ``section`` has written."""
-        members = await self._call(self.client.smembers(self.layout.partitions(section)))
-        return {_text(m) for m in members}
+        return await self._documents.partitions(section)
 
-    async def stale_keys(self, section: str, version: int) -> AsyncIterator[tuple[str, str]]:
-        """(partition, key) of the section's live documents whose ``@v`` is not
-        ``version``: after a re-snapshot at ``version``, those rows are gone
-        from the source and the daemon deletes them."""
-        wanted = str(version)
-        for partition in sorted(await self.partitions(section)):
-            prefix = self.layout.document_prefix(partition, section)
-            async for keys in self._index_batches(partition, section):
-                documents = [prefix + key for key in keys]  # one partition: one slot on a cluster
-                stale = await self._call(self.client.eval(STALE_SCRIPT, len(documents), *documents, wanted))  # type: ignore[arg-type]
-                for position in stale:
-                    yield partition, keys[int(position) - 1]
+    def stale_keys(self, section: str, version: int) -> AsyncIterator[tuple[str, str]]:
+        """(partition, key) of the section's live documents whose ``@v`` is not ``version``."""
+        return self._documents.stale_keys(section, version)
 
-    async def _index_batches(self, partition: str, section: str) -> AsyncIterator[list[str]]:
-        """The section's index, SSCAN page by page (never one huge SMEMBERS)."""
-        index = self.layout.index(partition, section)
-        cursor: int = 0
-        while True:
-            cursor, members = await self._call(self.client.sscan(index, cursor, count=_SCAN_COUNT))
-            if members:
-                yield [_text(m) for m in members]
-            if int(cursor) == 0:
-                return
-
-    async def _pipelined(self, method: str, keys: Iterable[str], *args: Any) -> list[Reply]:
-        """``method(key, *args)`` for every key, in one round trip."""
-        pipe = self.client.pipeline(transaction=False)
-        for key in keys:
-            getattr(pipe, method)(key, *args)
-        return await self._execute_pipeline(pipe)
+    async def _execute_pipeline(self, pipe: Any, *, raise_on_error: bool = True) -> list[Reply]:
+        replies: list[Reply] = await self._call(pipe.execute(raise_on_error=raise_on_error))
+        return replies
 
     async def _call(self, awaitable: Any) -> Any:
         """Await one command (never abandoned half-way), mapping its errors."""
-        try:
-            return await connection.finish(awaitable)
-        except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
-            raise connection.translate(exc, self.config.url) from None
-
-
-def decode_document(raw: Mapping[Any, Any] | None) -> dict[str, Any] | None:
-    """Column values of a stored hash, JSON-decoded; None for none or a tombstone."""
-    if not raw:
-        return None
-    fields = {_text(k): v for k, v in raw.items()}
-    if "@del" in fields:
-        return None
-    return {name: orjson.loads(value) for name, value in fields.items() if not name.startswith("@")}
-
-
-def redis_message(error: BaseException) -> str:
-    """The Redis error text with its code (redis-py strips known codes)."""
-    text = str(error)
-    code = getattr(error, "status_code", None)
-    return f"{code} {text}" if code and not text.startswith(code) else text
-
-
-def _is_fenced(reply: Any) -> bool:
-    """The script refused a stale lease owner's call (before writing anything)."""
-    return isinstance(reply, rex.ResponseError) and str(reply).startswith("FENCED")
-
-
-def _is_content_error(error: BaseException) -> bool:
-    if not isinstance(error, rex.ResponseError) or connection.is_transient(error):
-        return False
-    if isinstance(error, (rex.NoScriptError, rex.NoPermissionError)):
-        return False
-    return not str(error).startswith("CDCLAYOUT")
-
-
-def _fatal(error: BaseException, url: str) -> CdcError:
-    if str(error).startswith("CDCLAYOUT"):
-        return CdcError(f"Redis layout is damaged: {str(error).removeprefix('CDCLAYOUT ')}")
-    return connection.translate(error, url)
+        return await redis_calls.call(awaitable, self.config.url)
 
 
 def _text(value: Any) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 import jsonpatch
 import orjson
 
-from cdc.errors import CdcError
+from publishers.errors import CdcError
 
 Message = dict[str, Any]
 Document = dict[str, Any]
@@ -48,9 +48,12 @@ def stream_seq(entry_id: bytes | str) -> int:
 
 @cache
 def message_schema() -> dict[str, Any]:
-    """The change-message JSON Schema, from the installed package or the source tree."""
+    """The change-message JSON Schema, from the installed package or the source tree.
+
+    The wheel ships a copy inside ``publishers`` (pyproject.toml), so that
+    looking it up never imports ``cdc``."""
     candidates = [
-        resources.files("cdc").joinpath("schemas/change-message.schema.json"),
+        resources.files("publishers").joinpath("schemas/change-message.schema.json"),
         Path(__file__).resolve().parent.parent / "schemas" / "change-message.schema.json",
     ]
     for candidate in candidates:

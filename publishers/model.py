@@ -8,9 +8,18 @@ and splices text and never decodes a number (DESIGN.md §4).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from datetime import UTC, datetime
+from typing import Any, Literal
 
 ChangeOp = Literal["I", "U", "D", "S"]
+
+
+def timestamp(now: datetime | None = None) -> str:
+    """ISO 8601 UTC with microseconds and ``Z``, as messages carry it (naive = UTC)."""
+    moment = now or datetime.now(UTC)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass(slots=True)
@@ -53,3 +62,13 @@ class Checkpoint:
     version: int
     state: Literal["snapshotting", "streaming"]
     updated_at: str  # ISO 8601
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing ``cdc doctor`` found: level is ok, warning or error."""
+
+    level: Literal["ok", "warning", "error"]
+    subject: str
+    message: str
+    extra: dict[str, Any] = field(default_factory=dict)

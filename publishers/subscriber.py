@@ -40,15 +40,14 @@ from typing import Any
 
 from jsonpatch import JsonPatchException
 from jsonpointer import JsonPointerException
-from redis import exceptions as rex
 
-from cdc.config import RedisConfig
-from cdc.errors import CdcError, TransientError
-from publishers import connection
+from publishers import connection, redis_calls
 from publishers.connection import RedisClient
+from publishers.documents import decode_document
+from publishers.errors import CdcError, TransientError
 from publishers.layout import Layout
-from publishers.manager import decode_document
 from publishers.messages import Document, Message, apply_patch, decode_message, stream_seq
+from publishers.settings import RedisConfig
 
 Replica = dict[str, dict[str, Document]]
 
@@ -73,7 +72,6 @@ return out
 """
 RETRY_MIN, RETRY_MAX = 0.1, 2.0  # seconds between attempts while Redis is unavailable
 
-_REDIS_ERRORS = (rex.RedisError, rex.RedisClusterException, OSError)
 _SCAN_COUNT = 10_000
 
 
@@ -172,7 +170,7 @@ class Subscriber:
         block_ms = self.block_ms if block is None else max(1, round(block * 1000))
         reply = await self._redis(
             self.client.xread({self._stream: f"{self.position}-0"}, count=self.count, block=block_ms),
-            grace=block_ms / 1000 + connection.SOCKET_TIMEOUT,
+            grace=block_ms / 1000 + redis_calls.SOCKET_TIMEOUT,
         )
         if not await self._same_stream():
             await self._reload(fell_off=True)  # what was read belongs to the new data, if anything
@@ -315,7 +313,7 @@ class Subscriber:
     async def _sections(self) -> list[str]:
         """Sections that have written this partition."""
         pattern = self.layout.partitions_pattern()
-        keys = [_text(k) async for k in self.client.scan_iter(match=pattern, count=_SCAN_COUNT)]
+        keys = await self._redis(_scan(self.client, pattern))
         if not keys:
             return []
         pipe = self.client.pipeline(transaction=False)
@@ -325,13 +323,9 @@ class Subscriber:
         prefix_len = len(pattern) - 1
         return sorted(key[prefix_len:] for key, member in zip(keys, members, strict=True) if member)
 
-    async def _redis(self, awaitable: Any, grace: float = connection.SOCKET_TIMEOUT) -> Any:
-        """Await a command (never abandoned half-way: ``connection.finish``), mapping errors."""
-        try:
-            return await connection.finish(awaitable, grace)
-        except _REDIS_ERRORS as exc:
-            url = self._config.url if self._config else ""
-            raise connection.translate(exc, url) from None
+    async def _redis(self, awaitable: Any, grace: float = redis_calls.SOCKET_TIMEOUT) -> Any:
+        """Await a command (never abandoned half-way), mapping its errors."""
+        return await redis_calls.call(awaitable, self._config.url if self._config else "", grace=grace)
 
 
 class BlockingSubscriber:
@@ -430,6 +424,11 @@ def _entries(reply: Any) -> list[tuple[int, bytes]]:
         return []
     items = next(iter(reply.values()))[0] if isinstance(reply, dict) else reply[0][1]  # RESP3 / RESP2
     return [(stream_seq(entry_id), _field(fields)) for entry_id, fields in items]
+
+
+async def _scan(client: RedisClient, pattern: str) -> list[str]:
+    """Every key matching ``pattern`` (SCAN, page by page)."""
+    return [_text(k) async for k in client.scan_iter(match=pattern, count=_SCAN_COUNT)]
 
 
 def _field(fields: Any) -> bytes:

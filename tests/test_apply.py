@@ -20,11 +20,12 @@ from redis.asyncio.cluster import RedisCluster
 from cdc.config import RedisConfig
 from cdc.devservers import RedisServer
 from cdc.errors import CdcError, ConnectError, RedisUnavailable
-from publishers.connection import HiredisConnection, redact, scrub
+from publishers.connection import HiredisConnection
 from publishers.layout import Layout, decode_partition, encode_partition
 from publishers.manager import DataManager
 from publishers.messages import message_schema
 from publishers.model import Change
+from publishers.redaction import scrub_url, url_for_display
 
 VALIDATOR = jsonschema.Draft202012Validator(message_schema())
 NOW = datetime(2026, 11, 21, 23, 0, 0, 123456, tzinfo=UTC)
@@ -351,9 +352,9 @@ async def test_stale_keys_lists_documents_the_snapshot_did_not_write(manager: Da
     ],
 )
 def test_redact(url: str, expected: str) -> None:
-    assert redact(url) == expected
+    assert url_for_display(url) == expected
     if "hunter2" in url:
-        assert "hunter2" not in scrub(f"failed: {url} said hunter2", url)
+        assert "hunter2" not in scrub_url(f"failed: {url} said hunter2", url)
 
 
 @pytest.fixture(scope="module")
@@ -423,7 +424,7 @@ async def test_commands_are_packed_by_hiredis(manager: DataManager) -> None:
 
 
 def test_redis_errors_map_onto_the_hierarchy() -> None:
-    from publishers.connection import is_transient
+    from publishers.redis_calls import is_transient
 
     assert is_transient(rex.ResponseError("OOM command not allowed when used memory > 'maxmemory'"))
     assert is_transient(rex.BusyLoadingError("Redis is loading"))

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from cdc.config import TableConfig
+from publishers.model import Finding as Finding  # re-exported: publishers.control reports findings too
 
 Op = Literal["I", "U", "D"]
 Cursor = tuple[int, tuple[Any, ...]]  # (version, primary-key values) of the last row read
@@ -138,16 +139,6 @@ class TrackingStatus:
     min_valid_version: int | None = None
     current_version: int | None = None
     detail: str = ""
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One thing ``cdc doctor`` found: level is ok, warning or error."""
-
-    level: Literal["ok", "warning", "error"]
-    subject: str
-    message: str
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @runtime_checkable

@@ -1,0 +1,113 @@
+"""Reading documents back: one, a section's, the partitions a section has
+written, and the stale ones a re-snapshot sweeps (DESIGN.md §4's hashes).
+
+Reads are kept apart from the apply path's writes: applications and tools
+use them, the daemon only for the re-snapshot sweep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+if TYPE_CHECKING:
+    from publishers.manager import DataManager
+
+_SCAN_COUNT = 1000
+Reply = Any
+
+# The (1-based) positions of the documents (KEYS) whose @v is set and is not
+# ARGV[1]: a re-snapshot's sweep, in one call per index page instead of one
+# HGET per document (parsing 1,000 pipelined replies cost more than the sweep).
+STALE_SCRIPT = b"""#!lua flags=no-writes
+local out = {}
+for i = 1, #KEYS do
+  local v = redis.call('HGET', KEYS[i], '@v')
+  if v and v ~= ARGV[1] then out[#out + 1] = i end
+end
+return out
+"""
+
+
+class Documents:
+    """The document reads of one ``DataManager``."""
+
+    def __init__(self, manager: DataManager) -> None:
+        self.manager = manager
+
+    async def document(self, partition: str, section: str, key: str) -> dict[str, Any] | None:
+        """A live document, values decoded; None when absent or deleted."""
+        raw = await self.manager._call(
+            self.manager.client.hgetall(self.manager.layout.document(partition, section, key))
+        )
+        return decode_document(raw)
+
+    async def documents(self, partition: str, section: str) -> dict[str, dict[str, Any]]:
+        """Every live document of a section in a partition (not atomic: for
+        tests and tools; the subscriber loads consistently)."""
+        out: dict[str, dict[str, Any]] = {}
+        async for keys in self._index_batches(partition, section):
+            prefix = self.manager.layout.document_prefix(partition, section)
+            replies = await self._pipelined("hgetall", [prefix + k for k in keys])
+            for key, raw in zip(keys, replies, strict=True):
+                doc = decode_document(raw)
+                if doc is not None:
+                    out[key] = doc
+        return out
+
+    async def partitions(self, section: str) -> set[str]:
+        """The partition values ``section`` has written."""
+        members = await self.manager._call(
+            self.manager.client.smembers(self.manager.layout.partitions(section))
+        )
+        return {_text(m) for m in members}
+
+    async def stale_keys(self, section: str, version: int) -> AsyncIterator[tuple[str, str]]:
+        """(partition, key) of the section's live documents whose ``@v`` is not
+        ``version``: after a re-snapshot at ``version``, those rows are gone
+        from the source and the daemon deletes them."""
+        wanted = str(version)
+        for partition in sorted(await self.partitions(section)):
+            prefix = self.manager.layout.document_prefix(partition, section)
+            async for keys in self._index_batches(partition, section):
+                documents = [prefix + key for key in keys]  # one partition: one slot on a cluster
+                script = self.manager.client.eval(STALE_SCRIPT, len(documents), *documents, wanted)  # type: ignore[arg-type]
+                stale = await self.manager._call(script)
+                for position in stale:
+                    yield partition, keys[int(position) - 1]
+
+    async def _index_batches(self, partition: str, section: str) -> AsyncIterator[list[str]]:
+        """The section's index, SSCAN page by page (never one huge SMEMBERS)."""
+        index = self.manager.layout.index(partition, section)
+        cursor: int = 0
+        while True:
+            cursor, members = await self.manager._call(
+                self.manager.client.sscan(index, cursor, count=_SCAN_COUNT)
+            )
+            if members:
+                yield [_text(m) for m in members]
+            if int(cursor) == 0:
+                return
+
+    async def _pipelined(self, method: str, keys: Iterable[str], *args: Any) -> list[Reply]:
+        """``method(key, *args)`` for every key, in one round trip."""
+        pipe = self.manager.client.pipeline(transaction=False)
+        for key in keys:
+            getattr(pipe, method)(key, *args)
+        return await self.manager._execute_pipeline(pipe)
+
+
+def decode_document(raw: Mapping[Any, Any] | None) -> dict[str, Any] | None:
+    """Column values of a stored hash, JSON-decoded; None for none or a tombstone."""
+    if not raw:
+        return None
+    fields = {_text(k): v for k, v in raw.items()}
+    if "@del" in fields:
+        return None
+    return {name: orjson.loads(value) for name, value in fields.items() if not name.startswith("@")}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
