@@ -24,8 +24,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 MASK = "***"
 
 # scheme://user:password@ : the password may hold '/', '@', ';', '%' (the last
-# '@' of the word ends it: a raw '@' in a password is taken as part of it).
-_URL_USERINFO = re.compile(r"(://[^:/@\s]*:)\S*@")
+# '@' of the word ends it: a raw '@' in a password is taken as part of it), and
+# a space when the word after it still ends in '@' (a DSN typed with one).
+_URL_USERINFO = re.compile(r"(://[^:/@\s]*:)(?:\S|\s(?=\S*@))*@")
 # ?password=... / &password=... in a URL's query.
 _QUERY_PASSWORD = re.compile(r"(?i)([?&]password=)[^&#\s]*")
 # PWD=... / password=... in an ODBC or libpq connection string: a {braced}

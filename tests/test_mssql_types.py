@@ -29,7 +29,7 @@ from cdc.errors import (
 )
 from cdc.sources import mssql_types as types
 from cdc.sources.mssql import MssqlSource
-from cdc.sources.mssql_dsn import describe_dsn, parse_dsn, redact
+from cdc.sources.mssql_dsn import describe_dsn, parse_dsn, scrub
 from cdc.sources.mssql_errors import connect_error, map_error
 from cdc.values import encode_value
 
@@ -167,7 +167,7 @@ def test_dsn_parsing_and_description_never_show_the_password() -> None:
     assert fields["PWD"] == "pa;ss}word" and fields["ENCRYPT"] == "yes" and fields["SERVER"] == "db,1433"
     shown = describe_dsn(DSN)
     assert "pa;ss" not in shown and "server=db,1433" in shown and "user=cdc" in shown
-    assert redact("login with pa;ss}word failed; PWD=abc;x", DSN) == "login with *** failed; PWD=***;x"
+    assert scrub("login with pa;ss}word failed; PWD=abc;x", DSN) == "login with *** failed; PWD=***;x"
 
 
 # -- driver errors --------------------------------------------------------------------

@@ -1,12 +1,13 @@
 """SQL Server connection strings: parsing, where one points, and its password kept out of messages.
 
-The redaction here (``redact``) is the source side's own; it is kept apart so
-that one redaction module can replace it in one place.
+Secrets are kept out by ``publishers.redaction``, the one module for it; this
+module only knows where an ODBC connection string keeps its password.
 """
 
 from __future__ import annotations
 
-import re
+from publishers import redaction
+from publishers.redaction import mask_passwords
 
 
 def parse_dsn(dsn: str) -> dict[str, str]:
@@ -66,12 +67,8 @@ def describe_dsn(dsn: str) -> str:
     return ", ".join(shown) or "the configured DSN"
 
 
-_SECRET = re.compile(r"(?i)\b(pwd|password)\s*=\s*(\{(?:[^}]|\}\})*\}|[^;]*)")
-
-
-def redact(text: str, dsn: str) -> str:
-    """``text`` without the DSN's password, however it appears."""
-    password = parse_dsn(dsn).get("PWD") or parse_dsn(dsn).get("PASSWORD")
-    if password:
-        text = text.replace(password, "***")
-    return _SECRET.sub(lambda m: f"{m.group(1)}=***", text)
+def scrub(text: str, dsn: str) -> str:
+    """``text`` without the DSN's password, however it appears: the value
+    itself, and any ``PWD=``/``password=`` part (braced or bare)."""
+    fields = parse_dsn(dsn)
+    return mask_passwords(redaction.scrub(text, [fields.get("PWD") or fields.get("PASSWORD") or ""]))

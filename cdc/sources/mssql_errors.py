@@ -14,7 +14,7 @@ from typing import Any
 import pyodbc
 
 from cdc.errors import CdcError, ConnectError, SchemaError, SourceError, SourceUnavailable, TrackingNotEnabled
-from cdc.sources.mssql_dsn import describe_dsn, redact
+from cdc.sources.mssql_dsn import describe_dsn, scrub
 
 # SQLSTATEs worth retrying: the link, a timeout, a deadlock or serialization failure.
 TRANSIENT_STATES = frozenset({"08001", "08003", "08004", "08007", "08S01", "HYT00", "HYT01", "40001"})
@@ -70,7 +70,7 @@ def error_parts(exc: BaseException) -> tuple[str, set[int], str]:
 def map_error(exc: BaseException, dsn: str, context: str = "") -> CdcError:
     """A pyodbc error raised while running, as a ``cdc.errors`` error."""
     state, natives, text = error_parts(exc)
-    text = redact(text, dsn)
+    text = scrub(text, dsn)
     where = f"{context}: " if context else ""
     if state in TRANSIENT_STATES or natives & TRANSIENT_ERRORS:
         return SourceUnavailable(f"{where}SQL Server is unavailable ({describe_dsn(dsn)}): [{state}] {text}")
@@ -94,7 +94,7 @@ def connect_error(exc: BaseException, dsn: str, at_startup: bool) -> CdcError:
     """A pyodbc error raised while opening a connection: ConnectError (exit
     code 3) at start-up, SourceUnavailable (retried) when reconnecting."""
     state, natives, text = error_parts(exc)
-    text = redact(text, dsn)
+    text = scrub(text, dsn)
     hint = _connect_hint(state, natives, text)
     message = f"cannot connect to SQL Server ({describe_dsn(dsn)}): [{state}] {text}{hint}"
     return ConnectError(message) if at_startup else SourceUnavailable(message)

@@ -1,15 +1,16 @@
 """PostgreSQL connection strings: where one points, and its password kept out of messages.
 
-The redaction here (``redact_dsn``, ``scrub``) is the source side's own; it
-is kept apart so that one redaction module can replace it in one place.
+Secrets are kept out by ``publishers.redaction``, the one module for it; this
+module only knows where a libpq DSN keeps its password.
 """
 
 from __future__ import annotations
 
-import re
-
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from publishers import redaction
+from publishers.redaction import mask_passwords
 
 
 def redact_dsn(dsn: str) -> str:
@@ -22,15 +23,11 @@ def redact_dsn(dsn: str) -> str:
     return make_conninfo(**{k: str(v) for k, v in params.items() if v is not None})
 
 
-_PASSWORDS = re.compile(r"(://[^:/@\s]*:)[^@]*@|(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-
-
 def scrub(message: object, dsn: str) -> str:
     """A driver message with the DSN's password (should it appear) blanked out:
-    the password itself where the DSN parses, any password-looking part else."""
-    text = str(message).strip()
+    the password itself where the DSN parses, and any password-looking part."""
     try:
         password = conninfo_to_dict(dsn).get("password")
     except psycopg.Error:
-        return _PASSWORDS.sub(lambda m: f"{m[1]}***@" if m[1] else f"{m[2]}***", text)
-    return text.replace(str(password), "***") if password else text
+        password = None
+    return mask_passwords(redaction.scrub(str(message).strip(), [str(password or "")]))
