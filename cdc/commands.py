@@ -132,11 +132,12 @@ async def snapshot(config: Config, table: str | None) -> int:
         for t in asked:
             await control.request_snapshot(manager, t)
             _print(f"asked worker {owners[t]} to re-snapshot {t}")
-        done_remotely = asked
-        for t in done_remotely:
-            if not await _wait_snapshot_done(manager, t, owners[t]):
+        done_remotely = []
+        for t in asked:
+            if await _wait_snapshot_done(manager, t, owners[t]):
+                done_remotely.append(t)
+            else:
                 _print(f"worker {owners[t]} is gone; snapshotting {t} here")
-                done_remotely.remove(t)
     local = [t for t in tables if t not in done_remotely]
     if local:
         await _snapshot_here(config, local)
