@@ -7,7 +7,7 @@
     await pipeline.close()           flush the applier, close the connections
 
 The daemon runs it under leases; ``cdc snapshot`` and the tests drive its
-trackers by hand; ``cdc validate`` uses its connections and its ``describe``.
+trackers by hand.
 It knows nothing of leases, health or housekeeping.
 """
 
@@ -24,10 +24,9 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_random
 from cdc.batching import AutoBatchWorker
 from cdc.config import Config, TableConfig
 from cdc.errors import TrackingNotEnabled, TransientError
-from cdc.mapping import TableMapper
 from cdc.metrics import Metrics
 from cdc.sources import make_source
-from cdc.sources.base import ChangeSource, TableInfo
+from cdc.sources.base import ChangeSource
 from cdc.tracker import ChangeTracker
 from publishers.manager import DataManager
 from publishers.model import ApplyResult, Change
@@ -88,12 +87,6 @@ class Pipeline:
         await self.source.connect()
         if self._manager is None:
             self._manager = await DataManager.connect(self.config.redis)
-
-    async def describe(self, table_config: TableConfig) -> tuple[TableInfo, TableMapper]:
-        """The table as the source sees it, and its mapper (which checks the
-        config's columns and templates against it)."""
-        info = await self.source.describe(table_config)
-        return info, TableMapper(table_config, info, self.config.worker.max_row_bytes)
 
     async def check_tracking(self) -> None:
         """A table whose changes are not tracked at all cannot be followed:
