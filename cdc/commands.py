@@ -16,6 +16,7 @@ import orjson
 from cdc.config import Config
 from cdc.daemon import Daemon
 from cdc.errors import CdcError, ConfigError, TransientError
+from cdc.pipeline import Pipeline
 from cdc.sources import make_source
 from cdc.sources.base import ChangeSource, Finding
 from publishers import control
@@ -123,21 +124,23 @@ async def tracking(config: Config, action: str, *, as_json: bool = False) -> int
 async def snapshot(config: Config, table: str | None) -> int:
     """Re-snapshot now. A running sidecar that owns the table is asked to do it
     (so the snapshot never races its own streaming); otherwise it runs here."""
-    tables = [config.table(table)] if table else list(config.tables)
+    tables = [config.table(table).table] if table else [t.table for t in config.tables]
     async with connected(config) as (_, manager):
         assert manager is not None
-        owners = await control.table_owners(manager, [t.table for t in tables])
-        remote = [t for t in tables if t.table in owners]
-        for t in remote:
-            await control.request_snapshot(manager, t.table)
-            _print(f"asked worker {owners[t.table]} to re-snapshot {t.table}")
-        for t in remote:
-            if not await _wait_snapshot_done(manager, t.table, owners[t.table]):
-                _print(f"worker {owners[t.table]} is gone; snapshotting {t.table} here")
-                remote.remove(t)
-    local = [t for t in tables if t not in remote]
+        owners = await control.table_owners(manager, tables)
+        asked = [t for t in tables if t in owners]
+        for t in asked:
+            await control.request_snapshot(manager, t)
+            _print(f"asked worker {owners[t]} to re-snapshot {t}")
+        done_remotely = []
+        for t in asked:
+            if await _wait_snapshot_done(manager, t, owners[t]):
+                done_remotely.append(t)
+            else:
+                _print(f"worker {owners[t]} is gone; snapshotting {t} here")
+    local = [t for t in tables if t not in done_remotely]
     if local:
-        await _snapshot_here(config, [t.table for t in local])
+        await _snapshot_here(config, local)
     return 0
 
 
@@ -162,29 +165,28 @@ async def _snapshot_here(config: Config, tables: list[str]) -> None:
     from cdc.progress import SnapshotProgressView
     from publishers.leases import Leases
 
-    daemon = Daemon(config, worker_id=f"cdc-snapshot-{os.getpid()}")
-    await daemon.startup_for_tools()
-    leases = Leases(daemon.manager, daemon.worker_id, config.worker.lease_ttl)
-    try:
-        chosen = [t for t in daemon.trackers if t.table in tables]
-        for tracker in chosen:
-            token = await leases.acquire(tracker.table)
-            if token is None:
-                raise CdcError(
-                    f"{tracker.table} is owned by sidecar {await leases.holder(tracker.table)}; retry"
-                )
-            await tracker.start(token)
-        with SnapshotProgressView(chosen) as view:
+    async with Pipeline(config) as pipeline:
+        leases = Leases(pipeline.manager, f"cdc-snapshot-{os.getpid()}", config.worker.lease_ttl)
+        try:
+            chosen = [pipeline.tracker(table) for table in tables]
             for tracker in chosen:
-                await tracker.snapshot("requested by cdc snapshot")
-                view.refresh()
-        for tracker in chosen:
-            _print(f"snapshot of {tracker.table}: {tracker.progress.rows} rows, version {tracker.applied}")
-    finally:
-        for table in list(leases.tokens):
-            await leases.release(table)
-        await daemon.worker.stop()
-        await daemon.close()
+                token = await leases.acquire(tracker.table)
+                if token is None:
+                    raise CdcError(
+                        f"{tracker.table} is owned by sidecar {await leases.holder(tracker.table)}; retry"
+                    )
+                await tracker.start(token)
+            with SnapshotProgressView(chosen) as view:
+                for tracker in chosen:
+                    await tracker.snapshot("requested by cdc snapshot")
+                    view.refresh()
+            for tracker in chosen:
+                _print(
+                    f"snapshot of {tracker.table}: {tracker.progress.rows} rows, version {tracker.applied}"
+                )
+        finally:
+            for table in list(leases.tokens):
+                await leases.release(table)
 
 
 # -- status --------------------------------------------------------------------

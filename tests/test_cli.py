@@ -13,8 +13,12 @@ import psycopg
 import pytest
 import redis.asyncio as aioredis
 
+from cdc.commands import snapshot
+from cdc.config import load_config
 from cdc.daemon import Daemon
 from cdc.devservers import RedisServer, free_port
+from publishers.leases import Leases
+from publishers.manager import DataManager
 from tests.e2e import assert_mirrored, create_tables, make_config, wait_for, write_config
 
 
@@ -215,3 +219,34 @@ async def daemon_ready(daemon: Daemon) -> None:
         return daemon.readyz()[0] and bool(daemon.readyz()[1].get("catching_up") == [])
 
     await wait_for(ready, 30, "the sidecar to catch up")
+
+
+async def test_snapshot_takes_over_every_table_whose_owner_died(
+    tracked: Path,
+    postgres_dsn: str,
+    redis_url: str,
+    pg_schema: str,
+    namespace: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A sidecar owns both tables and dies while ``cdc snapshot`` waits for it:
+    its heartbeat and its leases run out together. The command snapshots every
+    one of its tables itself, not only the first it finds orphaned."""
+    config = load_config(tracked)
+    tables = [t.table for t in config.tables]
+    client = aioredis.Redis.from_url(redis_url)
+    manager = DataManager(client, config.redis)
+    try:
+        dead = Leases(manager, "dead-sidecar", ttl=1.0)
+        for table in tables:
+            assert await dead.acquire(table) is not None
+        # written after the leases with the same TTL: once it is gone, so are they
+        await manager.heartbeat("dead-sidecar", {"tables": ",".join(tables)}, ttl=1.0)
+        assert await snapshot(config, None) == 0
+        out = capsys.readouterr().out
+        for table in tables:
+            assert f"worker dead-sidecar is gone; snapshotting {table} here" in out
+            assert f"snapshot of {table}: " in out
+        await assert_mirrored(postgres_dsn, pg_schema, client, namespace, timeout=10)
+    finally:
+        await client.aclose()

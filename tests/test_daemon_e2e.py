@@ -111,7 +111,7 @@ async def test_graceful_shutdown_persists_checkpoints(
     daemon.request_stop()
     await run_task
     manager = DataManager(redis_client, config.redis)
-    for tracker in daemon.trackers:
+    for tracker in daemon.pipeline.trackers:
         checkpoint = await manager.get_checkpoint(tracker.table)
         assert checkpoint is not None and checkpoint.state == "streaming"
         assert checkpoint.version == tracker.applied, "checkpoint is not the last applied version"
@@ -156,7 +156,7 @@ async def test_a_quiet_table_is_checkpointed_and_caught_up_soon_after_its_last_c
 
 
 async def _all_caught_up(daemon: Daemon) -> bool:
-    return bool(daemon.trackers) and all(t.caught_up.is_set() for t in daemon.trackers)
+    return bool(daemon.pipeline.trackers) and all(t.caught_up.is_set() for t in daemon.pipeline.trackers)
 
 
 async def _latest_versions(dsn: str, config) -> dict[str, int]:  # type: ignore[no-untyped-def]

@@ -15,10 +15,9 @@ import psycopg
 import pytest
 import redis.asyncio as aioredis
 
-from cdc.batching import AutoBatchWorker
 from cdc.config import Config, RedisConfig, parse_config
 from cdc.errors import LeaseLost
-from cdc.metrics import Metrics
+from cdc.pipeline import Pipeline
 from cdc.sources import make_source
 from cdc.tracker import ChangeTracker
 from publishers import control
@@ -257,7 +256,7 @@ def shared_partition_config(schema: str, postgres_dsn: str, redis_url: str, name
     text = f"""
 source: {{kind: postgres, dsn: "{postgres_dsn}", tracking_schema: {schema}_trk}}
 redis: {{url: "{redis_url}", namespace: {namespace}}}
-worker: {{health: null}}
+worker: {{health: null, max_wait: 10ms}}
 tables:
   - {{table: {schema}.x, partition: shared, section: x}}
   - {{table: {schema}.y, partition: shared, section: y}}
@@ -266,29 +265,17 @@ tables:
 
 
 class Owner:
-    """One sidecar's pieces, driven by hand: its leases, worker and trackers."""
+    """One sidecar's pieces, driven by hand: its leases and its pipeline."""
 
-    def __init__(self, name: str, config: Config, manager: DataManager, source: object) -> None:
+    def __init__(self, name: str, config: Config, manager: DataManager) -> None:
         self.leases = Leases(manager, name, ttl=60)
-        self.worker = AutoBatchWorker(manager.apply, max_batch_size=500, max_wait=0.01, capacity=1000)
-        self.trackers = {
-            t.table: ChangeTracker(
-                t,
-                source=source,  # type: ignore[arg-type]
-                manager=manager,
-                worker=self.worker,
-                metrics=Metrics(),
-                page_size=100,
-                max_row_bytes=1 << 20,
-            )
-            for t in config.tables
-        }
+        self.pipeline = Pipeline(config, manager=manager)
+        self.worker = self.pipeline.worker
 
     async def take(self, table: str) -> ChangeTracker:
         token = await self.leases.acquire(table)
         assert token is not None
-        tracker = self.trackers[table]
-        await tracker.prepare()
+        tracker = self.pipeline.tracker(table)
         await tracker.start(token)
         return tracker
 
@@ -307,12 +294,11 @@ async def test_a_stale_owner_can_neither_write_nor_move_a_checkpoint_past_refuse
     async with await psycopg.AsyncConnection.connect(postgres_dsn, autocommit=True) as conn:
         await conn.execute(SHARED_DDL.format(s=pg_schema))
     await enable_tracking(config)
-    source = make_source(config.source)
-    await source.connect()
     manager = DataManager(redis_client, config.redis)
-    a, b = Owner("A", config, manager, source), Owner("B", config, manager, source)
+    a, b = Owner("A", config, manager), Owner("B", config, manager)
     try:
-        a.worker.start()
+        await a.pipeline.open()  # described tables, appliers running
+        await b.pipeline.open()
         a_x, a_y = await a.take(x), await a.take(y)
         await a_x.snapshot("initial")
         await a_y.snapshot("initial")
@@ -320,7 +306,6 @@ async def test_a_stale_owner_can_neither_write_nor_move_a_checkpoint_past_refuse
 
         # A is paused; its lease on x runs out and B takes x over and writes.
         await redis_client.delete(Layout(namespace).lease(x))
-        b.worker.start()
         b_x = await b.take(x)
         await _write(postgres_dsn, f"update {pg_schema}.x set n = 1 where id = 1")
         await b_x.poll()
@@ -353,9 +338,8 @@ async def test_a_stale_owner_can_neither_write_nor_move_a_checkpoint_past_refuse
         assert await redis_client.hget(layout.document("shared", "x", "2"), "n") == b"2"
         assert await redis_client.xlen(layout.deadletter()) == 0
     finally:
-        await a.worker.stop()
-        await b.worker.stop()
-        await source.close()
+        await a.pipeline.close()
+        await b.pipeline.close()
 
 
 async def _write(dsn: str, statement: str) -> None:

@@ -1,0 +1,186 @@
+"""The data path, built once: source -> trackers -> AutoBatchWorker -> data manager.
+
+    pipeline = Pipeline(config)      the pieces, not yet connected
+    await pipeline.open()            connect source and Redis, describe every
+                                     table, check its tracking, start the applier
+    pipeline.tracker("dbo.T")        one table's ChangeTracker
+    await pipeline.close()           flush the applier, close the connections
+
+The daemon runs it under leases; ``cdc snapshot`` and the tests drive its
+trackers by hand.
+It knows nothing of leases, health or housekeeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from types import TracebackType
+
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_random
+
+from cdc.batching import AutoBatchWorker
+from cdc.config import Config, TableConfig
+from cdc.errors import TrackingNotEnabled, TransientError
+from cdc.metrics import Metrics
+from cdc.sources import make_source
+from cdc.sources.base import ChangeSource
+from cdc.tracker import ChangeTracker
+from publishers.manager import DataManager
+from publishers.model import ApplyResult, Change
+
+log = logging.getLogger("cdc.pipeline")
+
+LISTEN_WAIT = 1.0  # seconds one wait for a change notification lasts
+# A lost notification connection is retried after about a second, jittered so
+# that sidecars that lost their database together do not reconnect in lockstep.
+LISTEN_RETRY = wait_random(0.5, 1.5)
+
+
+class Pipeline:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        source: ChangeSource | None = None,
+        manager: DataManager | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.config = config
+        self.source = source or make_source(config.source)
+        self._manager = manager
+        self.metrics = metrics or Metrics()
+        self.trackers: list[ChangeTracker] = []
+        self.redis_error: str | None = None  # why applying fails, while it does
+        self.worker = AutoBatchWorker(
+            self._apply,
+            max_batch_size=config.worker.max_batch_size,
+            max_wait=config.worker.max_wait,
+            capacity=config.worker.queue_capacity,
+            on_result=self._on_result,
+            on_degraded=self._on_redis_degraded,
+        )
+
+    @property
+    def manager(self) -> DataManager:
+        assert self._manager is not None, "connect() first"
+        return self._manager
+
+    @property
+    def has_redis(self) -> bool:
+        return self._manager is not None
+
+    # -- building ---------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connections, described tables, tracking checked, the applier started."""
+        await self.connect()
+        self.trackers = [self._tracker(table_config) for table_config in self.config.tables]
+        for tracker in self.trackers:
+            await tracker.prepare()
+        await self.check_tracking()
+        self.worker.start()
+
+    async def connect(self) -> None:
+        await self.source.connect()
+        if self._manager is None:
+            self._manager = await DataManager.connect(self.config.redis)
+
+    async def check_tracking(self) -> None:
+        """A table whose changes are not tracked at all cannot be followed:
+        refuse to start (exit 2, the table named) rather than snapshot it into
+        Redis and fail at its first read. Tracking that is set up but impaired
+        (PostgreSQL: a capture trigger not ENABLE ALWAYS) is logged, as
+        ``cdc doctor`` reports it."""
+        for status in await self.source.tracking_status(self.config.tables):
+            if status.enabled:
+                continue
+            if status.min_valid_version is None:
+                raise TrackingNotEnabled(f"{status.table}: {status.detail}")
+            log.error("change tracking is impaired", extra={"table": status.table, "detail": status.detail})
+
+    def tracker(self, table: str) -> ChangeTracker:
+        return next(t for t in self.trackers if t.table.lower() == table.lower())
+
+    def _tracker(self, table_config: TableConfig) -> ChangeTracker:
+        return ChangeTracker(
+            table_config,
+            source=self.source,
+            manager=self.manager,
+            worker=self.worker,
+            metrics=self.metrics,
+            page_size=self.config.worker.page_size,
+            max_row_bytes=self.config.worker.max_row_bytes,
+        )
+
+    # -- running ----------------------------------------------------------------
+
+    async def listen(self, stop: asyncio.Event) -> None:
+        """Wake trackers as soon as the source says their table changed."""
+        retrying = AsyncRetrying(retry=retry_if_exception_type(TransientError), wait=LISTEN_RETRY)
+        async for attempt in retrying:
+            with attempt:
+                await self._wake_on_changes(stop)
+
+    async def _wake_on_changes(self, stop: asyncio.Event) -> None:
+        by_name = {t.table.lower(): t for t in self.trackers}
+        while not stop.is_set():
+            for table in await self.source.wait_for_changes(LISTEN_WAIT):
+                tracker = by_name.get(table.lower())
+                if tracker is not None:
+                    tracker.wake.set()
+
+    async def _apply(self, changes: Sequence[Change]) -> ApplyResult:
+        return await self.manager.apply(changes)
+
+    def _on_result(self, changes: Sequence[Change], result: ApplyResult, latency: float) -> None:
+        for table, count in Counter(change.table for change in changes).items():  # one label lookup per table
+            self.metrics.changes_applied.labels(table).inc(count)
+        for rejected in result.rejected:
+            self.metrics.dead_lettered.labels(rejected.change.table).inc()
+        if result.fenced:  # their trackers stop at their next checkpoint (LeaseLost)
+            log.warning(
+                "changes refused (FENCED): another sidecar owns their table now",
+                extra={"tables": sorted({c.table for c in result.fenced}), "changes": len(result.fenced)},
+            )
+        self.metrics.changes_published.inc(result.published)
+        self.metrics.batch_size.observe(len(changes))
+        self.metrics.apply_latency.observe(latency)
+        self.metrics.queue_depth.set(self.worker.depth)
+
+    def _on_redis_degraded(self, error: BaseException | None) -> None:
+        self.redis_error = None if error is None else str(error)
+        self.metrics.up.labels("redis").set(0 if error else 1)
+
+    def check_applier(self) -> None:
+        """Raise the applier's crash, if it crashed (it must not die silently)."""
+        task = self.worker.task
+        if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+
+    # -- closing ----------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Flush what is queued, then close the connections."""
+        await self.worker.stop()
+        await self.disconnect()
+
+    async def disconnect(self) -> None:
+        await self.source.close()
+        if self._manager is not None:
+            await self._manager.close()
+
+    async def __aenter__(self) -> Pipeline:
+        try:
+            await self.open()
+        except BaseException:
+            await self.close()  # a table refused half-way: nothing stays open
+            raise
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
