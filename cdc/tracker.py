@@ -8,8 +8,9 @@
     snapshot()     full consistent read (initial, on TrackingExpired, or on
                    demand), then a sweep that deletes the documents of rows
                    the snapshot did not see, through ordinary delete changes
-    _checkpointer  persists a read's version only once every change of that
-                   read (and of every read before it) is applied
+    checkpoints    a read's version is persisted only once every change of
+                   that read (and of every read before it) is applied: the
+                   ``CheckpointLine`` (cdc.checkpoint) decides, the tracker writes
 
 Two positions are kept apart: ``position`` is where the next read starts
 (reads run ahead of Redis, bounded by the worker's queue), ``applied`` is what
@@ -23,16 +24,15 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from cdc.backoff import EmptyPollBackoff
 from cdc.batching import AutoBatchWorker, Ticket
+from cdc.checkpoint import CheckpointLine, check_refused
 from cdc.config import TableConfig
-from cdc.errors import LeaseLost, PoisonChange, TrackingExpired, TransientError
+from cdc.errors import PoisonChange, TrackingExpired, TransientError
 from cdc.mapping import TableMapper
 from cdc.metrics import Metrics
 from cdc.sources.base import ChangeRow, ChangeSource, TableInfo
@@ -42,11 +42,6 @@ from publishers.model import Change
 
 log = logging.getLogger("cdc.tracker")
 
-CHECKPOINT_INTERVAL = 1.0  # seconds between checkpoint writes while changes are applied
-# Seconds between checkpoint writes of a table whose reads find nothing: its
-# version may move (other tables' transactions), but replaying an empty range
-# after a crash costs nothing, and the checkpoint stays far inside retention.
-IDLE_CHECKPOINT_INTERVAL = 30.0
 # Rows mapped and queued at a time: a page of 5,000 rows is 100+ ms of CPU,
 # and the batch applier must get to send batches in between. Half a batch
 # (within these bounds), so that the applier, back from Redis, finds its next
@@ -80,7 +75,7 @@ class _StopEvent(asyncio.Event):
 class ChangeTracker:
     def __init__(
         self,
-        config: TableConfig,
+        table_config: TableConfig,
         *,
         source: ChangeSource,
         manager: DataManager,
@@ -89,8 +84,8 @@ class ChangeTracker:
         page_size: int,
         max_row_bytes: int,
     ) -> None:
-        self.config = config
-        self.table = config.table
+        self.table_config = table_config
+        self.table = table_config.table
         self.source = source
         self.manager = manager
         self.worker = worker
@@ -103,31 +98,36 @@ class ChangeTracker:
         self.page_size = page_size
         self._slice = max(MIN_SLICE, min(SLICE, worker.max_batch_size // 2))
         self.max_row_bytes = max_row_bytes
-        self.backoff = EmptyPollBackoff(config.backoff)
+        self.backoff = EmptyPollBackoff(table_config.backoff)
         self.wake = asyncio.Event()
         self.state: State = "starting"
         self.position: int | None = None  # next read starts after this version
-        self.applied: int | None = None  # every change up to here is in Redis
+        self.line = CheckpointLine(self.table)  # what ``applied`` is, and when to persist it
         self.source_version: int | None = None  # the bound of the latest read
         self.caught_up = asyncio.Event()  # set once a read found nothing new and all is applied
         self.progress = SnapshotProgress()
         self.error: str | None = None
-        self._tickets: deque[tuple[Ticket, float]] = deque()
-        self._persisted: int | None = None
-        self._persisted_at = 0.0
-        self._unpersisted_changes = 0  # changes applied since the checkpoint was last written
         self._mapper: TableMapper | None = None
         self._info: TableInfo | None = None
         self._snapshot_request: str | None = None
         self.fence = 0  # fencing token of the lease this tracker works under
         self.stop_event: asyncio.Event = _StopEvent(self.wake)
 
+    @property
+    def applied(self) -> int | None:
+        """Every change up to this version is in Redis."""
+        return self.line.applied
+
+    @applied.setter
+    def applied(self, version: int | None) -> None:
+        self.line.applied = version
+
     # -- lifecycle -------------------------------------------------------------
 
     async def prepare(self) -> None:
         """Resolve the table at the source (at start-up: a bad table fails fast)."""
-        self._info = await self.source.describe(self.config)
-        self._mapper = TableMapper(self.config, self._info, self.max_row_bytes)
+        self._info = await self.source.describe(self.table_config)
+        self._mapper = TableMapper(self.table_config, self._info, self.max_row_bytes)
 
     async def start(self, fence: int = 0) -> None:
         """Take the table on, holding a lease with fencing token ``fence`` (0:
@@ -137,11 +137,10 @@ class ChangeTracker:
         self.fence = self._mapper.fence = fence
         self.stop_event = _StopEvent(self.wake)
         self.caught_up.clear()
-        self._tickets.clear()
-        self.position = self.applied = self._persisted = None
         checkpoint = await self.manager.get_checkpoint(self.table)
-        if checkpoint is not None and checkpoint.state == "streaming":
-            self.position = self.applied = self._persisted = checkpoint.version
+        streaming = checkpoint is not None and checkpoint.state == "streaming"
+        self.position = checkpoint.version if streaming and checkpoint is not None else None
+        self.line.reset(self.position)
 
     def request_snapshot(self, reason: str) -> None:
         """Re-snapshot at the next poll (``cdc snapshot`` asks through Redis)."""
@@ -184,7 +183,7 @@ class ChangeTracker:
     async def flush(self) -> None:
         """Persist the checkpoint of everything applied so far (shutdown)."""
         await self._complete_tickets(block=False)
-        if self.applied is not None and self.applied != self._persisted:
+        if self.applied is not None and self.applied != self.line.persisted:
             await self._persist("streaming")
 
     # -- polling ---------------------------------------------------------------
@@ -209,7 +208,7 @@ class ChangeTracker:
             )
         ticket.version = page.next_version
         ticket.seal()
-        self._tickets.append((ticket, time.monotonic()))
+        self.line.register(ticket)
         self.position = max(self.position, page.next_version)
         self.source_version = page.next_version
         self.state = "streaming"
@@ -269,7 +268,7 @@ class ChangeTracker:
         """Every read applied and its changes' checkpoint written: nothing
         left that a poll (``_complete_tickets``) would still do, such as the
         checkpoint write or the ``caught_up`` of a burst's last batch."""
-        return not self._tickets and not self._unpersisted_changes
+        return self.line.settled
 
     @staticmethod
     async def _sleep(stop: asyncio.Event, delay: float) -> None:
@@ -290,7 +289,7 @@ class ChangeTracker:
         await self.manager.set_checkpoint(self.table, self.applied or 0, "snapshotting", fence=self.fence)
         self.progress = SnapshotProgress()
         version = await self._load_snapshot()
-        if "D" in self.config.operations:
+        if "D" in self.table_config.operations:
             await self._sweep(version)
         self.position = self.applied = version
         await self._persist("streaming")
@@ -327,7 +326,7 @@ class ChangeTracker:
         """Delete documents the snapshot did not write (rows gone meanwhile)."""
         assert self._mapper is not None
         ticket = Ticket(version=version)
-        async for partition, key in self.manager.stale_keys(self.config.section, version):
+        async for partition, key in self.manager.stale_keys(self.table_config.section, version):
             await self.worker.put(self._mapper.delete(partition, key, version), ticket)
         ticket.seal()
         await self._applied(ticket)
@@ -336,55 +335,32 @@ class ChangeTracker:
 
     async def _all_applied(self) -> bool:
         await self._complete_tickets(block=False)
-        return not self._tickets
+        return self.line.empty
 
     async def _complete_tickets(self, block: bool) -> None:
-        """Advance ``applied`` over the finished reads at the head of the line."""
-        advanced = False
-        while self._tickets:
-            ticket, _ = self._tickets[0]
-            if not ticket.done.is_set():
-                if not block:
-                    break
-                await ticket.done.wait()
-            self._check_refused(ticket)  # and it stays at the head: nothing can pass it
-            self._tickets.popleft()
-            self.applied = ticket.version
-            self._unpersisted_changes += ticket.changes
-            advanced = True
+        """Advance ``applied`` over the finished reads at the head of the line
+        (``block``: wait for every read first), and write the checkpoint when due."""
+        advanced = await self.line.drain() if block else self.line.advance()
         self._update_lag()
-        interval = CHECKPOINT_INTERVAL if self._unpersisted_changes else IDLE_CHECKPOINT_INTERVAL
-        if advanced and time.monotonic() - self._persisted_at >= interval:
+        if advanced and self.line.persist_due():
             await self._persist("streaming")
 
     async def _applied(self, ticket: Ticket) -> None:
         await ticket.done.wait()
-        self._check_refused(ticket)
-
-    def _check_refused(self, ticket: Ticket) -> None:
-        """A read with refused changes was not applied: stop before the
-        checkpoint can pass it (whoever owns the table reads it again)."""
-        if ticket.refused:
-            raise LeaseLost(
-                f"{self.table}: changes refused (FENCED): another sidecar owns the table now, "
-                "or shares a partition with it"
-            )
+        check_refused(self.table, ticket)
 
     async def _persist(self, state: Literal["snapshotting", "streaming"]) -> None:
         if self.applied is None:
             return
         await self.manager.set_checkpoint(self.table, self.applied, state, fence=self.fence)
-        self._persisted = self.applied
-        self._persisted_at = time.monotonic()
-        self._unpersisted_changes = 0
+        self.line.persisted_now()
 
     def refresh_metrics(self) -> None:
         self._update_lag()
         self.metrics.backoff_step.labels(self.table).set(self.backoff.step)
 
     def _update_lag(self) -> None:
-        oldest = self._tickets[0][1] if self._tickets else None
-        self._lag_seconds.set(time.monotonic() - oldest if oldest else 0.0)
+        self._lag_seconds.set(self.line.oldest_read_age())
         if self.source_version is not None and self.applied is not None:
             self._lag_versions.set(max(0, self.source_version - self.applied))
 
