@@ -21,6 +21,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import datetime as dt
+import decimal
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +38,7 @@ from psycopg.rows import TupleRow
 from cdc.config import SourceConfig, TableConfig
 from cdc.sources import mssql_sql
 from cdc.sources.base import ChangeRow, ChangeSource, SnapshotPage, TableInfo
+from cdc.sources.memory import MemorySource, MemoryTransaction
 from cdc.sources.mssql import MssqlSource
 from cdc.sources.mssql_types import register_converters
 from cdc.sources.pg_tracking import net_table_name
@@ -712,10 +714,152 @@ def _mssql_drop_schema(conn: Any, schema: str) -> None:
     conn.execute(f"DROP SCHEMA IF EXISTS {mssql_sql.quote(schema)}")
 
 
+# -- in memory -----------------------------------------------------------------
+
+_MEMORY_TYPES = {
+    "int": "int",
+    "bigint": "bigint",
+    "text": "text",
+    "decimal": "decimal",
+    "float": "float",
+    "bool": "bool",
+}
+
+# A literal is a Python expression over these names (the "dialect" of the memory source).
+_MEMORY_NAMES: dict[str, Any] = {"Decimal": decimal.Decimal, "dt": dt, "UUID": uuid.UUID}
+
+_MEMORY_CASES = (
+    TypeCase("c_int", "int", "2147483647", b"2147483647"),
+    TypeCase("c_bigint", "bigint", "9223372036854775807", b"9223372036854775807"),
+    TypeCase("c_decimal", "decimal", "Decimal('12345678901234.5600')", b'"12345678901234.5600"'),
+    TypeCase("c_float", "float", "0.1", b"0.1"),
+    TypeCase("c_bool", "bool", "True", b"true"),
+    TypeCase("c_text", "text", "'h\\u00e9llo \"w\\u00f6rld\"\\n'", '"héllo \\"wörld\\"\\n"'.encode()),
+    TypeCase("c_bytes", "bytes", "b'\\x00\\xff\\x10'", b'"AP8Q"'),
+    TypeCase(
+        "c_uuid",
+        "uuid",
+        "UUID('A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11')",
+        b'"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"',
+    ),
+    TypeCase("c_date", "date", "dt.date(2024, 2, 29)", b'"2024-02-29"'),
+    TypeCase(
+        "c_datetime",
+        "datetime",
+        "dt.datetime(2024, 2, 29, 13, 45, 30, 500000)",
+        b'"2024-02-29T13:45:30.500000"',
+    ),
+    TypeCase("c_json", "json", "{'b': 1, 'a': [1.5, None, 'x']}", b'{"b":1,"a":[1.5,null,"x"]}'),
+)
+
+
+class MemoryWriter(Writer):
+    """A ``MemoryTransaction``: its writes are applied at once at commit. Each
+    statement yields to the event loop first, as a round trip to a server
+    would: concurrent writers and readers interleave, as they do on a database."""
+
+    def __init__(self, transaction: MemoryTransaction) -> None:
+        self.transaction = transaction
+
+    async def take_version(self) -> None:
+        """Nothing to take: the memory source stamps a transaction's version at commit."""
+
+    async def insert(self, table: TableConfig, row: Mapping[str, Any]) -> None:
+        await asyncio.sleep(0)
+        self.transaction.insert(table.table, row)
+
+    async def upsert(self, table: TableConfig, row: Mapping[str, Any]) -> None:
+        await asyncio.sleep(0)
+        self.transaction.upsert(table.table, row)
+
+    async def update(self, table: TableConfig, key: Mapping[str, Any], values: Mapping[str, Any]) -> None:
+        await asyncio.sleep(0)
+        self.transaction.update(table.table, key, values)
+
+    async def delete(self, table: TableConfig, key: Mapping[str, Any]) -> None:
+        await asyncio.sleep(0)
+        self.transaction.delete(table.table, key)
+
+    async def move(self, table: TableConfig, key: Mapping[str, Any], new_key: Mapping[str, Any]) -> None:
+        await asyncio.sleep(0)
+        self.transaction.move(table.table, key, new_key)
+
+    async def commit(self) -> None:
+        await asyncio.sleep(0)
+        self.transaction.commit()
+
+    async def rollback(self) -> None:
+        self.transaction.rollback()
+
+
+class MemoryHarness(SourceHarness):
+    """The in-memory source (``cdc.sources.memory``): no server, a schema name for form's sake."""
+
+    kind = "memory"
+    unsupported_type = "opaque"
+
+    def __init__(self) -> None:
+        self.memory = MemorySource()
+        self.source = self.memory
+        self.schema = "mem"
+
+    @classmethod
+    @asynccontextmanager
+    async def running(cls, request: pytest.FixtureRequest) -> AsyncIterator[SourceHarness]:
+        harness = cls()
+        await harness.source.connect()
+        try:
+            yield harness
+        finally:
+            await harness.source.close()
+
+    async def create_table(
+        self,
+        name: str,
+        columns: Mapping[str, str],
+        key: Sequence[str],
+        *,
+        published: Sequence[str] | None = None,
+        track: bool = True,
+    ) -> TableConfig:
+        table = table_config(self.schema, name, published)
+        self.memory.create_table(table.table, {c: _MEMORY_TYPES.get(k, k) for c, k in columns.items()}, key)
+        if track:
+            await self.source.tracking_enable([table])
+        return table
+
+    async def begin(self) -> Writer:
+        return MemoryWriter(self.memory.begin())
+
+    async def rows(self, table: TableConfig) -> dict[Key, dict[str, Any]]:
+        return self.memory.rows(table.table)
+
+    async def insert_literals(self, table: TableConfig, row: Mapping[str, str]) -> None:
+        # the literals are this suite's own constants, Python expressions over _MEMORY_NAMES
+        self.memory.insert(table.table, {c: eval(v, dict(_MEMORY_NAMES)) for c, v in row.items()})
+
+    async def truncate(self, table: TableConfig) -> None:
+        self.memory.truncate(table.table)
+
+    async def expire_tracking(self, table: TableConfig) -> None:
+        """Retention zero: every entry tracked so far is older than it."""
+        await self.source.cleanup(0.0)
+
+    def type_cases(self) -> Sequence[TypeCase]:
+        return _MEMORY_CASES
+
+    async def settle(self) -> None:
+        """Nothing to wait for: a commit that returned is within the current version."""
+
+
 HarnessFactory = Callable[[pytest.FixtureRequest], AbstractAsyncContextManager[SourceHarness]]
 
 # kind -> factory; the contract suite runs once per entry.
-HARNESSES: dict[str, HarnessFactory] = {"postgres": PostgresHarness.running, "mssql": MssqlHarness.running}
+HARNESSES: dict[str, HarnessFactory] = {
+    "memory": MemoryHarness.running,
+    "postgres": PostgresHarness.running,
+    "mssql": MssqlHarness.running,
+}
 
 
 # -- dialect-free helpers ------------------------------------------------------
