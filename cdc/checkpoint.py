@@ -106,9 +106,17 @@ class CheckpointLine:
         """No read waits to be applied."""
         return not self._reads
 
+    async def wait_applied(self, ticket: Ticket) -> None:
+        """Wait for a read outside the line (a snapshot's, a sweep's) to be
+        applied; ``LeaseLost`` if it was refused."""
+        await ticket.done.wait()
+        check_refused(self.table, ticket)
+
     @property
     def settled(self) -> bool:
-        """Every read applied and its changes' checkpoint written."""
+        """Every read applied and its changes' checkpoint written: nothing left
+        that a poll would still do, such as the checkpoint write or the
+        ``caught_up`` of a burst's last batch."""
         return not self._reads and not self.unpersisted_changes
 
     def oldest_read_age(self) -> float:
