@@ -11,6 +11,8 @@
     checkpoints    a read's version is persisted only once every change of
                    that read (and of every read before it) is applied: the
                    ``CheckpointLine`` (cdc.checkpoint) decides, the tracker writes
+    RowFeeder      maps source rows to changes and queues them; a row that
+                   cannot be encoded goes to the dead letter
 
 Two positions are kept apart: ``position`` is where the next read starts
 (reads run ahead of Redis, bounded by the worker's queue), ``applied`` is what
