@@ -21,6 +21,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import datetime as dt
+import decimal
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +38,7 @@ from psycopg.rows import TupleRow
 from cdc.config import SourceConfig, TableConfig
 from cdc.sources import mssql_sql
 from cdc.sources.base import ChangeRow, ChangeSource, SnapshotPage, TableInfo
+from cdc.sources.memory import MemorySource, MemoryTransaction
 from cdc.sources.mssql import MssqlSource
 from cdc.sources.mssql_types import register_converters
 from cdc.sources.pg_tracking import net_table_name
@@ -58,7 +60,7 @@ class TypeCase:
     expected: bytes
 
 
-def table_config(schema: str, name: str, columns: Sequence[str] | None = None) -> TableConfig:
+def make_table_config(schema: str, name: str, columns: Sequence[str] | None = None) -> TableConfig:
     return TableConfig(
         table=f"{schema}.{name}",
         schema=schema,
@@ -79,20 +81,24 @@ class Writer(abc.ABC):
         (PostgreSQL: its transaction id)."""
 
     @abc.abstractmethod
-    async def insert(self, table: TableConfig, row: Mapping[str, Any]) -> None: ...
+    async def insert(self, table_config: TableConfig, row: Mapping[str, Any]) -> None: ...
 
     @abc.abstractmethod
-    async def upsert(self, table: TableConfig, row: Mapping[str, Any]) -> None:
+    async def upsert(self, table_config: TableConfig, row: Mapping[str, Any]) -> None:
         """Insert the row, or update every given column where the key exists."""
 
     @abc.abstractmethod
-    async def update(self, table: TableConfig, key: Mapping[str, Any], values: Mapping[str, Any]) -> None: ...
+    async def update(
+        self, table_config: TableConfig, key: Mapping[str, Any], values: Mapping[str, Any]
+    ) -> None: ...
 
     @abc.abstractmethod
-    async def delete(self, table: TableConfig, key: Mapping[str, Any]) -> None: ...
+    async def delete(self, table_config: TableConfig, key: Mapping[str, Any]) -> None: ...
 
     @abc.abstractmethod
-    async def move(self, table: TableConfig, key: Mapping[str, Any], new_key: Mapping[str, Any]) -> None:
+    async def move(
+        self, table_config: TableConfig, key: Mapping[str, Any], new_key: Mapping[str, Any]
+    ) -> None:
         """Update the primary key of a row, if the row exists and the new key is free."""
 
     @abc.abstractmethod
@@ -125,18 +131,18 @@ class SourceHarness(abc.ABC):
     async def begin(self) -> Writer: ...
 
     @abc.abstractmethod
-    async def rows(self, table: TableConfig) -> dict[Key, dict[str, Any]]:
+    async def rows(self, table_config: TableConfig) -> dict[Key, dict[str, Any]]:
         """The table's committed contents: primary-key values -> every column."""
 
     @abc.abstractmethod
-    async def insert_literals(self, table: TableConfig, row: Mapping[str, str]) -> None:
+    async def insert_literals(self, table_config: TableConfig, row: Mapping[str, str]) -> None:
         """Insert one row given as SQL expressions of the dialect."""
 
     @abc.abstractmethod
-    async def truncate(self, table: TableConfig) -> None: ...
+    async def truncate(self, table_config: TableConfig) -> None: ...
 
     @abc.abstractmethod
-    async def expire_tracking(self, table: TableConfig) -> None:
+    async def expire_tracking(self, table_config: TableConfig) -> None:
         """Run retention cleanup so that every change tracked so far is removed."""
 
     @abc.abstractmethod
@@ -215,31 +221,37 @@ class PostgresWriter(Writer):
     async def take_version(self) -> None:
         await self.conn.execute("select pg_current_xact_id()")
 
-    async def insert(self, table: TableConfig, row: Mapping[str, Any]) -> None:
-        await self.conn.execute(_insert(table, row), list(row.values()))
+    async def insert(self, table_config: TableConfig, row: Mapping[str, Any]) -> None:
+        await self.conn.execute(_insert(table_config, row), list(row.values()))
 
-    async def upsert(self, table: TableConfig, row: Mapping[str, Any]) -> None:
-        key = self.keys[table.name]
+    async def upsert(self, table_config: TableConfig, row: Mapping[str, Any]) -> None:
+        key = self.keys[table_config.name]
         updates = [c for c in row if c not in key]
         query = sql.SQL("{} on conflict ({}) do update set {}").format(
-            _insert(table, row),
+            _insert(table_config, row),
             sql.SQL(", ").join(map(sql.Identifier, key)),
             sql.SQL(", ").join(sql.SQL("{0} = excluded.{0}").format(sql.Identifier(c)) for c in updates),
         )
         await self.conn.execute(query, list(row.values()))
 
-    async def update(self, table: TableConfig, key: Mapping[str, Any], values: Mapping[str, Any]) -> None:
-        query = sql.SQL("update {} set {} where {}").format(_name(table), _pairs(values, ", "), _pairs(key))
+    async def update(
+        self, table_config: TableConfig, key: Mapping[str, Any], values: Mapping[str, Any]
+    ) -> None:
+        query = sql.SQL("update {} set {} where {}").format(
+            _name(table_config), _pairs(values, ", "), _pairs(key)
+        )
         await self.conn.execute(query, [*values.values(), *key.values()])
 
-    async def delete(self, table: TableConfig, key: Mapping[str, Any]) -> None:
+    async def delete(self, table_config: TableConfig, key: Mapping[str, Any]) -> None:
         await self.conn.execute(
-            sql.SQL("delete from {} where {}").format(_name(table), _pairs(key)), list(key.values())
+            sql.SQL("delete from {} where {}").format(_name(table_config), _pairs(key)), list(key.values())
         )
 
-    async def move(self, table: TableConfig, key: Mapping[str, Any], new_key: Mapping[str, Any]) -> None:
+    async def move(
+        self, table_config: TableConfig, key: Mapping[str, Any], new_key: Mapping[str, Any]
+    ) -> None:
         query = sql.SQL("update {0} set {1} where {2} and not exists (select from {0} where {3})").format(
-            _name(table), _pairs(new_key, ", "), _pairs(key), _pairs(new_key)
+            _name(table_config), _pairs(new_key, ", "), _pairs(key), _pairs(new_key)
         )
         await self.conn.execute(query, [*new_key.values(), *key.values(), *new_key.values()])
 
@@ -252,17 +264,17 @@ class PostgresWriter(Writer):
         await self.conn.close()
 
 
-def _name(table: TableConfig) -> sql.Identifier:
-    return sql.Identifier(table.schema, table.name)
+def _name(table_config: TableConfig) -> sql.Identifier:
+    return sql.Identifier(table_config.schema, table_config.name)
 
 
 def _pairs(values: Mapping[str, Any], separator: str = " and ") -> sql.Composed:
     return sql.SQL(separator).join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in values)
 
 
-def _insert(table: TableConfig, row: Mapping[str, Any]) -> sql.Composed:
+def _insert(table_config: TableConfig, row: Mapping[str, Any]) -> sql.Composed:
     return sql.SQL("insert into {} ({}) values ({})").format(
-        _name(table),
+        _name(table_config),
         sql.SQL(", ").join(map(sql.Identifier, row)),
         sql.SQL(", ").join(sql.Placeholder() * len(row)),
     )
@@ -310,7 +322,7 @@ class PostgresHarness(SourceHarness):
         published: Sequence[str] | None = None,
         track: bool = True,
     ) -> TableConfig:
-        table = table_config(self.schema, name, published)
+        table_config = make_table_config(self.schema, name, published)
         definitions = [
             sql.SQL("{} {}").format(sql.Identifier(column), sql.SQL(_PG_TYPES.get(kind, kind)))
             for column, kind in columns.items()
@@ -320,43 +332,43 @@ class PostgresHarness(SourceHarness):
                 sql.SQL("primary key ({})").format(sql.SQL(", ").join(map(sql.Identifier, key)))
             )
         await self.admin.execute(
-            sql.SQL("create table {} ({})").format(_name(table), sql.SQL(", ").join(definitions))
+            sql.SQL("create table {} ({})").format(_name(table_config), sql.SQL(", ").join(definitions))
         )
         self.keys[name] = tuple(key)
         if track:
-            await self.source.tracking_enable([table])
+            await self.source.tracking_enable([table_config])
             await self.settle()  # a snapshot now is above the start of tracking
-        return table
+        return table_config
 
     async def begin(self) -> Writer:
         writer = PostgresWriter(await psycopg.AsyncConnection.connect(self.dsn), self.keys)
         self.writers = [w for w in self.writers if not w.conn.closed] + [writer]
         return writer
 
-    async def rows(self, table: TableConfig) -> dict[Key, dict[str, Any]]:
-        cur = await self.admin.execute(sql.SQL("select * from {}").format(_name(table)))
+    async def rows(self, table_config: TableConfig) -> dict[Key, dict[str, Any]]:
+        cur = await self.admin.execute(sql.SQL("select * from {}").format(_name(table_config)))
         names = [d.name for d in cur.description or ()]
         contents = [dict(zip(names, r, strict=True)) for r in await cur.fetchall()]
-        return {tuple(r[k] for k in self.keys[table.name]): r for r in contents}
+        return {tuple(r[k] for k in self.keys[table_config.name]): r for r in contents}
 
-    async def insert_literals(self, table: TableConfig, row: Mapping[str, str]) -> None:
+    async def insert_literals(self, table_config: TableConfig, row: Mapping[str, str]) -> None:
         await self.admin.execute(
             sql.SQL("insert into {} ({}) values ({})").format(
-                _name(table),
+                _name(table_config),
                 sql.SQL(", ").join(map(sql.Identifier, row)),
                 sql.SQL(", ").join(map(sql.SQL, row.values())),
             )
         )
         await self.settle()
 
-    async def truncate(self, table: TableConfig) -> None:
-        await self.admin.execute(sql.SQL("truncate table {}").format(_name(table)))
+    async def truncate(self, table_config: TableConfig) -> None:
+        await self.admin.execute(sql.SQL("truncate table {}").format(_name(table_config)))
 
-    async def expire_tracking(self, table: TableConfig) -> None:
+    async def expire_tracking(self, table_config: TableConfig) -> None:
         """Age the table's entries past a one-hour retention, then run the cleanup
         (once settled: cleanup spares what a transaction still running could precede)."""
         await self.settle()
-        net = sql.Identifier(self.tracking_schema, net_table_name(table.schema, table.name))
+        net = sql.Identifier(self.tracking_schema, net_table_name(table_config.schema, table_config.name))
         await self.admin.execute(
             sql.SQL("update {} set changed_at = changed_at - interval '2 hours'").format(net)
         )
@@ -497,8 +509,8 @@ class MssqlSession:
             self.executor.shutdown(wait=False)
 
 
-def _tsql_name(table: TableConfig) -> str:
-    return mssql_sql.qualified(table.schema, table.name)
+def _tsql_name(table_config: TableConfig) -> str:
+    return mssql_sql.qualified(table_config.schema, table_config.name)
 
 
 def _tsql_pairs(values: Mapping[str, Any], separator: str = " AND ") -> str:
@@ -525,38 +537,46 @@ class MssqlWriter(Writer):
     async def take_version(self) -> None:
         """Nothing to take: SQL Server stamps a transaction's version at commit."""
 
-    async def insert(self, table: TableConfig, row: Mapping[str, Any]) -> None:
-        await self.session.execute(_tsql_insert(table, row), *map(_tsql_param, row.values()))
+    async def insert(self, table_config: TableConfig, row: Mapping[str, Any]) -> None:
+        await self.session.execute(_tsql_insert(table_config, row), *map(_tsql_param, row.values()))
 
-    async def upsert(self, table: TableConfig, row: Mapping[str, Any]) -> None:
-        key = {c: row[c] for c in self.keys[table.name]}
+    async def upsert(self, table_config: TableConfig, row: Mapping[str, Any]) -> None:
+        key = {c: row[c] for c in self.keys[table_config.name]}
         values = {c: v for c, v in row.items() if c not in key}
         for _ in range(10):
-            if await self._update(table, key, values) > 0:
+            if await self._update(table_config, key, values) > 0:
                 return
             try:
-                await self.insert(table, row)
+                await self.insert(table_config, row)
                 return
             except pyodbc.IntegrityError as exc:
                 if "2627" not in str(exc) and "2601" not in str(exc):
                     raise  # not a duplicate key: a concurrent insert of it committed first
         raise AssertionError(f"upsert of {key} kept racing with concurrent writers")
 
-    async def update(self, table: TableConfig, key: Mapping[str, Any], values: Mapping[str, Any]) -> None:
-        await self._update(table, key, values)
+    async def update(
+        self, table_config: TableConfig, key: Mapping[str, Any], values: Mapping[str, Any]
+    ) -> None:
+        await self._update(table_config, key, values)
 
-    async def _update(self, table: TableConfig, key: Mapping[str, Any], values: Mapping[str, Any]) -> int:
+    async def _update(
+        self, table_config: TableConfig, key: Mapping[str, Any], values: Mapping[str, Any]
+    ) -> int:
         if not values:  # only a key: "update" it to itself, to lock and count it
             values = dict(key)
-        statement = f"UPDATE {_tsql_name(table)} SET {_tsql_pairs(values, ', ')} WHERE {_tsql_pairs(key)}"
+        statement = (
+            f"UPDATE {_tsql_name(table_config)} SET {_tsql_pairs(values, ', ')} WHERE {_tsql_pairs(key)}"
+        )
         return await self.session.execute(statement, *map(_tsql_param, [*values.values(), *key.values()]))
 
-    async def delete(self, table: TableConfig, key: Mapping[str, Any]) -> None:
-        statement = f"DELETE FROM {_tsql_name(table)} WHERE {_tsql_pairs(key)}"
+    async def delete(self, table_config: TableConfig, key: Mapping[str, Any]) -> None:
+        statement = f"DELETE FROM {_tsql_name(table_config)} WHERE {_tsql_pairs(key)}"
         await self.session.execute(statement, *map(_tsql_param, key.values()))
 
-    async def move(self, table: TableConfig, key: Mapping[str, Any], new_key: Mapping[str, Any]) -> None:
-        name = _tsql_name(table)
+    async def move(
+        self, table_config: TableConfig, key: Mapping[str, Any], new_key: Mapping[str, Any]
+    ) -> None:
+        name = _tsql_name(table_config)
         statement = (
             f"UPDATE {name} SET {_tsql_pairs(new_key, ', ')} WHERE {_tsql_pairs(key)} "
             f"AND NOT EXISTS (SELECT 1 FROM {name} WHERE {_tsql_pairs(new_key)})"
@@ -579,9 +599,9 @@ class MssqlWriter(Writer):
             await self.session.close()
 
 
-def _tsql_insert(table: TableConfig, row: Mapping[str, Any]) -> str:
+def _tsql_insert(table_config: TableConfig, row: Mapping[str, Any]) -> str:
     columns = ", ".join(map(mssql_sql.quote, row))
-    return f"INSERT INTO {_tsql_name(table)} ({columns}) VALUES ({', '.join('?' * len(row))})"
+    return f"INSERT INTO {_tsql_name(table_config)} ({columns}) VALUES ({', '.join('?' * len(row))})"
 
 
 class MssqlHarness(SourceHarness):
@@ -632,25 +652,25 @@ class MssqlHarness(SourceHarness):
         published: Sequence[str] | None = None,
         track: bool = True,
     ) -> TableConfig:
-        table = table_config(self.schema, name, published)
+        table_config = make_table_config(self.schema, name, published)
         definitions = [
             f"{mssql_sql.quote(column)} {_MSSQL_TYPES.get(kind, kind)}{' NOT NULL' if column in key else ''}"
             for column, kind in columns.items()
         ]
         if key:
             definitions.append(f"PRIMARY KEY ({', '.join(map(mssql_sql.quote, key))})")
-        await self.admin.execute(f"CREATE TABLE {_tsql_name(table)} ({', '.join(definitions)})")
+        await self.admin.execute(f"CREATE TABLE {_tsql_name(table_config)} ({', '.join(definitions)})")
         self.keys[name] = tuple(key)
         if track:
-            await self.source.tracking_enable([table])
-        return table
+            await self.source.tracking_enable([table_config])
+        return table_config
 
     async def begin(self) -> Writer:
         writer = MssqlWriter(self.dsn, self.keys)
         self.writers = [w for w in self.writers if w.open] + [writer]
         return writer
 
-    async def rows(self, table: TableConfig) -> dict[Key, dict[str, Any]]:
+    async def rows(self, table_config: TableConfig) -> dict[Key, dict[str, Any]]:
         """Read in a SNAPSHOT transaction: the committed contents, without waiting
         for the row locks of transactions still open."""
 
@@ -658,7 +678,7 @@ class MssqlHarness(SourceHarness):
             conn.execute("SET TRANSACTION ISOLATION LEVEL SNAPSHOT")
             conn.execute("BEGIN TRANSACTION")
             try:
-                cursor = conn.execute(f"SELECT * FROM {_tsql_name(table)}")
+                cursor = conn.execute(f"SELECT * FROM {_tsql_name(table_config)}")
                 names = [d[0] for d in cursor.description]
                 contents = [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
             finally:
@@ -667,18 +687,18 @@ class MssqlHarness(SourceHarness):
             return contents
 
         contents = await self.admin.call(read)
-        return {tuple(r[k] for k in self.keys[table.name]): r for r in contents}
+        return {tuple(r[k] for k in self.keys[table_config.name]): r for r in contents}
 
-    async def insert_literals(self, table: TableConfig, row: Mapping[str, str]) -> None:
+    async def insert_literals(self, table_config: TableConfig, row: Mapping[str, str]) -> None:
         columns = ", ".join(map(mssql_sql.quote, row))
         await self.admin.execute(
-            f"INSERT INTO {_tsql_name(table)} ({columns}) VALUES ({', '.join(row.values())})"
+            f"INSERT INTO {_tsql_name(table_config)} ({columns}) VALUES ({', '.join(row.values())})"
         )
 
-    async def truncate(self, table: TableConfig) -> None:
-        await self.admin.execute(f"TRUNCATE TABLE {_tsql_name(table)}")
+    async def truncate(self, table_config: TableConfig) -> None:
+        await self.admin.execute(f"TRUNCATE TABLE {_tsql_name(table_config)}")
 
-    async def expire_tracking(self, table: TableConfig) -> None:
+    async def expire_tracking(self, table_config: TableConfig) -> None:
         pytest.skip(MSSQL_NO_EXPIRY)
 
     def type_cases(self) -> Sequence[TypeCase]:
@@ -712,10 +732,158 @@ def _mssql_drop_schema(conn: Any, schema: str) -> None:
     conn.execute(f"DROP SCHEMA IF EXISTS {mssql_sql.quote(schema)}")
 
 
+# -- in memory -----------------------------------------------------------------
+
+_MEMORY_TYPES = {
+    "int": "int",
+    "bigint": "bigint",
+    "text": "text",
+    "decimal": "decimal",
+    "float": "float",
+    "bool": "bool",
+}
+
+# A literal is a Python expression over these names (the "dialect" of the memory source).
+_MEMORY_NAMES: dict[str, Any] = {"Decimal": decimal.Decimal, "dt": dt, "UUID": uuid.UUID}
+
+_MEMORY_CASES = (
+    TypeCase("c_int", "int", "2147483647", b"2147483647"),
+    TypeCase("c_bigint", "bigint", "9223372036854775807", b"9223372036854775807"),
+    TypeCase("c_decimal", "decimal", "Decimal('12345678901234.5600')", b'"12345678901234.5600"'),
+    TypeCase("c_float", "float", "0.1", b"0.1"),
+    TypeCase("c_bool", "bool", "True", b"true"),
+    TypeCase("c_text", "text", "'h\\u00e9llo \"w\\u00f6rld\"\\n'", '"héllo \\"wörld\\"\\n"'.encode()),
+    TypeCase("c_bytes", "bytes", "b'\\x00\\xff\\x10'", b'"AP8Q"'),
+    TypeCase(
+        "c_uuid",
+        "uuid",
+        "UUID('A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11')",
+        b'"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"',
+    ),
+    TypeCase("c_date", "date", "dt.date(2024, 2, 29)", b'"2024-02-29"'),
+    TypeCase(
+        "c_datetime",
+        "datetime",
+        "dt.datetime(2024, 2, 29, 13, 45, 30, 500000)",
+        b'"2024-02-29T13:45:30.500000"',
+    ),
+    TypeCase("c_json", "json", "{'b': 1, 'a': [1.5, None, 'x']}", b'{"b":1,"a":[1.5,null,"x"]}'),
+)
+
+
+class MemoryWriter(Writer):
+    """A ``MemoryTransaction``: its writes are applied at once at commit. Each
+    statement yields to the event loop first, as a round trip to a server
+    would: concurrent writers and readers interleave, as they do on a database."""
+
+    def __init__(self, transaction: MemoryTransaction) -> None:
+        self.transaction = transaction
+
+    async def take_version(self) -> None:
+        """Nothing to take: the memory source stamps a transaction's version at commit."""
+
+    async def insert(self, table_config: TableConfig, row: Mapping[str, Any]) -> None:
+        await asyncio.sleep(0)
+        self.transaction.insert(table_config.table, row)
+
+    async def upsert(self, table_config: TableConfig, row: Mapping[str, Any]) -> None:
+        await asyncio.sleep(0)
+        self.transaction.upsert(table_config.table, row)
+
+    async def update(
+        self, table_config: TableConfig, key: Mapping[str, Any], values: Mapping[str, Any]
+    ) -> None:
+        await asyncio.sleep(0)
+        self.transaction.update(table_config.table, key, values)
+
+    async def delete(self, table_config: TableConfig, key: Mapping[str, Any]) -> None:
+        await asyncio.sleep(0)
+        self.transaction.delete(table_config.table, key)
+
+    async def move(
+        self, table_config: TableConfig, key: Mapping[str, Any], new_key: Mapping[str, Any]
+    ) -> None:
+        await asyncio.sleep(0)
+        self.transaction.move(table_config.table, key, new_key)
+
+    async def commit(self) -> None:
+        await asyncio.sleep(0)
+        self.transaction.commit()
+
+    async def rollback(self) -> None:
+        self.transaction.rollback()
+
+
+class MemoryHarness(SourceHarness):
+    """The in-memory source (``cdc.sources.memory``): no server, a schema name for form's sake."""
+
+    kind = "memory"
+    unsupported_type = "opaque"
+
+    def __init__(self) -> None:
+        self.memory = MemorySource()
+        self.source = self.memory
+        self.schema = "mem"
+
+    @classmethod
+    @asynccontextmanager
+    async def running(cls, request: pytest.FixtureRequest) -> AsyncIterator[SourceHarness]:
+        harness = cls()
+        await harness.source.connect()
+        try:
+            yield harness
+        finally:
+            await harness.source.close()
+
+    async def create_table(
+        self,
+        name: str,
+        columns: Mapping[str, str],
+        key: Sequence[str],
+        *,
+        published: Sequence[str] | None = None,
+        track: bool = True,
+    ) -> TableConfig:
+        table_config = make_table_config(self.schema, name, published)
+        self.memory.create_table(
+            table_config.table, {c: _MEMORY_TYPES.get(k, k) for c, k in columns.items()}, key
+        )
+        if track:
+            await self.source.tracking_enable([table_config])
+        return table_config
+
+    async def begin(self) -> Writer:
+        return MemoryWriter(self.memory.begin())
+
+    async def rows(self, table_config: TableConfig) -> dict[Key, dict[str, Any]]:
+        return self.memory.rows(table_config.table)
+
+    async def insert_literals(self, table_config: TableConfig, row: Mapping[str, str]) -> None:
+        # the literals are this suite's own constants, Python expressions over _MEMORY_NAMES
+        self.memory.insert(table_config.table, {c: eval(v, dict(_MEMORY_NAMES)) for c, v in row.items()})
+
+    async def truncate(self, table_config: TableConfig) -> None:
+        self.memory.truncate(table_config.table)
+
+    async def expire_tracking(self, table_config: TableConfig) -> None:
+        """Retention zero: every entry tracked so far is older than it."""
+        await self.source.cleanup(0.0)
+
+    def type_cases(self) -> Sequence[TypeCase]:
+        return _MEMORY_CASES
+
+    async def settle(self) -> None:
+        """Nothing to wait for: a commit that returned is within the current version."""
+
+
 HarnessFactory = Callable[[pytest.FixtureRequest], AbstractAsyncContextManager[SourceHarness]]
 
 # kind -> factory; the contract suite runs once per entry.
-HARNESSES: dict[str, HarnessFactory] = {"postgres": PostgresHarness.running, "mssql": MssqlHarness.running}
+HARNESSES: dict[str, HarnessFactory] = {
+    "memory": MemoryHarness.running,
+    "postgres": PostgresHarness.running,
+    "mssql": MssqlHarness.running,
+}
 
 
 # -- dialect-free helpers ------------------------------------------------------

@@ -24,7 +24,7 @@ from cdc.errors import SchemaError, TrackingExpired, TrackingNotEnabled, Unsuppo
 from cdc.sources.base import ChangeSource, TableInfo
 from cdc.values import encode_value
 
-from .harness import HARNESSES, Replica, SourceHarness, Writer, read_all, table_config
+from .harness import HARNESSES, Replica, SourceHarness, Writer, make_table_config, read_all
 
 ITEMS = {"id": "int", "n": "int", "note": "text"}
 
@@ -36,23 +36,23 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[SourceHarness
 
 
 async def items(harness: SourceHarness, name: str = "items") -> tuple[TableInfo, ChangeSource]:
-    table = await harness.create_table(name, ITEMS, ["id"])
-    return await harness.source.describe(table), harness.source
+    table_config = await harness.create_table(name, ITEMS, ["id"])
+    return await harness.source.describe(table_config), harness.source
 
 
-async def write(harness: SourceHarness, table: TableInfo, *steps: tuple[str, Any, Any]) -> None:
+async def write(harness: SourceHarness, info: TableInfo, *steps: tuple[str, Any, Any]) -> None:
     """Each step in a transaction of its own: (insert, row, _), (update, key, values), (delete, key, _)."""
-    config = table_config(table.schema, table.name)
+    table_config = make_table_config(info.schema, info.name)
     for action, first, second in steps:
         async with harness.writer() as writer:
             if action == "insert":
-                await writer.insert(config, first)
+                await writer.insert(table_config, first)
             elif action == "update":
-                await writer.update(config, first, second)
+                await writer.update(table_config, first, second)
             elif action == "move":
-                await writer.move(config, first, second)
+                await writer.move(table_config, first, second)
             else:
-                await writer.delete(config, first)
+                await writer.delete(table_config, first)
 
 
 # -- net operations ----------------------------------------------------------
@@ -121,22 +121,22 @@ async def test_primary_key_update_is_d_of_the_old_key_and_i_of_the_new(harness: 
 
 
 async def test_composite_primary_key(harness: SourceHarness) -> None:
-    table = await harness.create_table(
+    table_config = await harness.create_table(
         "lines", {"order_id": "int", "line": "int", "qty": "int"}, ["order_id", "line"]
     )
-    info = await harness.source.describe(table)
+    info = await harness.source.describe(table_config)
     assert info.primary_key == ("order_id", "line")
     replica = await Replica.from_snapshot(harness.source, info)
     async with harness.writer() as w:
         for order, line in [(1, 1), (1, 2), (2, 1)]:
-            await w.insert(table, {"order_id": order, "line": line, "qty": order * 10 + line})
+            await w.insert(table_config, {"order_id": order, "line": line, "qty": order * 10 + line})
     rows = await replica.catch_up()
     assert {(r.op, r.key["order_id"], r.key["line"]) for r in rows} == {("I", 1, 1), ("I", 1, 2), ("I", 2, 1)}
 
     async with harness.writer() as w:
-        await w.update(table, {"order_id": 1, "line": 2}, {"qty": 99})
-        await w.delete(table, {"order_id": 2, "line": 1})
-        await w.move(table, {"order_id": 1, "line": 1}, {"order_id": 1, "line": 3})
+        await w.update(table_config, {"order_id": 1, "line": 2}, {"qty": 99})
+        await w.delete(table_config, {"order_id": 2, "line": 1})
+        await w.move(table_config, {"order_id": 1, "line": 1}, {"order_id": 1, "line": 3})
     rows = await replica.catch_up()
 
     assert sorted((r.op, r.key["order_id"], r.key["line"]) for r in rows) == [
@@ -145,12 +145,14 @@ async def test_composite_primary_key(harness: SourceHarness) -> None:
         ("I", 1, 3),
         ("U", 1, 2),
     ]
-    assert replica.rows == await harness.rows(table)
+    assert replica.rows == await harness.rows(table_config)
 
 
 async def test_changed_columns_are_those_changed_after_since(harness: SourceHarness) -> None:
-    table = await harness.create_table("wide", {"id": "int", "a": "int", "b": "text", "c": "decimal"}, ["id"])
-    info = await harness.source.describe(table)
+    table_config = await harness.create_table(
+        "wide", {"id": "int", "a": "int", "b": "text", "c": "decimal"}, ["id"]
+    )
+    info = await harness.source.describe(table_config)
     await write(harness, info, ("insert", {"id": 1, "a": 1, "b": "x", "c": 1}, None))
     first = await harness.source.current_version()
     await write(harness, info, ("update", {"id": 1}, {"a": 2}))
@@ -165,10 +167,10 @@ async def test_changed_columns_are_those_changed_after_since(harness: SourceHarn
 
 
 async def test_published_columns_primary_key_first(harness: SourceHarness) -> None:
-    table = await harness.create_table(
+    table_config = await harness.create_table(
         "some", {"note": "text", "id": "int", "n": "int"}, ["id"], published=["n"]
     )
-    info = await harness.source.describe(table)
+    info = await harness.source.describe(table_config)
     assert info.column_names == ("id", "n")
     since = await harness.source.current_version()
     await write(harness, info, ("insert", {"id": 1, "n": 2, "note": "hidden"}, None))
@@ -182,13 +184,13 @@ async def test_published_columns_primary_key_first(harness: SourceHarness) -> No
 
 async def test_every_type_and_null_round_trip_to_json(harness: SourceHarness) -> None:
     cases = harness.type_cases()
-    table = await harness.create_table(
+    table_config = await harness.create_table(
         "types", {"id": "int", **{c.column: c.column_type for c in cases}}, ["id"]
     )
-    info = await harness.source.describe(table)
+    info = await harness.source.describe(table_config)
     since = await harness.source.current_version()
-    await harness.insert_literals(table, {"id": "1", **{c.column: c.literal for c in cases}})
-    await harness.insert_literals(table, {"id": "2"})
+    await harness.insert_literals(table_config, {"id": "1", **{c.column: c.literal for c in cases}})
+    await harness.insert_literals(table_config, {"id": "2"})
 
     rows, _ = await read_all(harness.source, info, since)
     snapshot = [row async for page in harness.source.snapshot(info, page_size=10) for row in page.rows]
@@ -230,16 +232,16 @@ async def test_describe_refuses_what_it_cannot_publish(harness: SourceHarness) -
     )
 
     with pytest.raises(SchemaError, match="nothere"):
-        await source.describe(table_config(plain.schema, "nothere"))
+        await source.describe(make_table_config(plain.schema, "nothere"))
     with pytest.raises(SchemaError, match="nosuchcolumn"):
-        await source.describe(table_config(plain.schema, plain.name, ["n", "nosuchcolumn"]))
+        await source.describe(make_table_config(plain.schema, plain.name, ["n", "nosuchcolumn"]))
     with pytest.raises(SchemaError, match="keyless"):
         await source.describe(keyless)
     with pytest.raises(SchemaError, match="keyless"):
         await source.tracking_enable([keyless])
     with pytest.raises(UnsupportedType, match="doc"):
         await source.describe(odd)
-    assert (await source.describe(table_config(odd.schema, odd.name, ["id"]))).column_names == ("id",)
+    assert (await source.describe(make_table_config(odd.schema, odd.name, ["id"]))).column_names == ("id",)
 
 
 async def test_untracked_table_is_tracking_not_enabled(harness: SourceHarness) -> None:
@@ -262,7 +264,7 @@ async def test_retention_cleanup_expires_checkpoints_it_passed(harness: SourceHa
     _, checkpoint = await read_all(source, info, before)
     await write(harness, info, ("update", {"id": 1}, {"n": 2}))
 
-    await harness.expire_tracking(table_config(info.schema, info.name))
+    await harness.expire_tracking(make_table_config(info.schema, info.name))
 
     for stale in (before, checkpoint):
         with pytest.raises(TrackingExpired) as raised:
@@ -278,7 +280,7 @@ async def test_truncate_expires_checkpoints_and_a_snapshot_recovers(harness: Sou
     await write(harness, info, ("insert", {"id": 1, "n": 1, "note": "a"}, None))
     _, checkpoint = await read_all(source, info, before)
 
-    await harness.truncate(table_config(info.schema, info.name))
+    await harness.truncate(make_table_config(info.schema, info.name))
 
     with pytest.raises(TrackingExpired):
         await source.read_changes(info, checkpoint, limit=10)
@@ -300,11 +302,11 @@ async def test_source_behind_the_checkpoint_expires(harness: SourceHarness) -> N
 
 async def test_snapshot_is_one_consistent_view_while_writers_commit(harness: SourceHarness) -> None:
     info, source = await items(harness)
-    config = table_config(info.schema, info.name)
+    table_config = make_table_config(info.schema, info.name)
     async with harness.writer() as w:
         for i in range(40):
-            await w.insert(config, {"id": i, "n": i, "note": f"row {i}"})
-    before = await harness.rows(config)
+            await w.insert(table_config, {"id": i, "n": i, "note": f"row {i}"})
+    before = await harness.rows(table_config)
     rng = random.Random(7)
     seen: dict[Any, dict[str, Any]] = {}
     version = None
@@ -312,35 +314,35 @@ async def test_snapshot_is_one_consistent_view_while_writers_commit(harness: Sou
         version = page.version
         seen.update({r["id"]: r for r in page.rows})
         async with harness.writer() as w:  # rows behind and ahead of the page change now
-            await w.update(config, {"id": rng.randrange(40)}, {"n": -1})
-            await w.delete(config, {"id": rng.randrange(40)})
-            await w.insert(config, {"id": 1000 + len(seen), "n": 0, "note": "new"})
-            await w.move(config, {"id": rng.randrange(40)}, {"id": 2000 + len(seen)})
+            await w.update(table_config, {"id": rng.randrange(40)}, {"n": -1})
+            await w.delete(table_config, {"id": rng.randrange(40)})
+            await w.insert(table_config, {"id": 1000 + len(seen), "n": 0, "note": "new"})
+            await w.move(table_config, {"id": rng.randrange(40)}, {"id": 2000 + len(seen)})
     assert {(k,): v for k, v in seen.items()} == before
 
     assert version is not None
     replica = Replica(source, info, version)
     replica.rows = {(k,): v for k, v in seen.items()}
     await replica.catch_up(limit=5)
-    assert replica.rows == await harness.rows(config)
+    assert replica.rows == await harness.rows(table_config)
 
 
 async def test_paging_returns_every_row_exactly_once(harness: SourceHarness) -> None:
     info, source = await items(harness)
-    config = table_config(info.schema, info.name)
+    table_config = make_table_config(info.schema, info.name)
     replica = await Replica.from_snapshot(source, info)
     for chunk in range(3):  # many rows share a version: paging must split inside one
         async with harness.writer() as w:
             for i in range(chunk * 20, chunk * 20 + 20):
-                await w.insert(config, {"id": i, "n": i, "note": "x"})
+                await w.insert(table_config, {"id": i, "n": i, "note": "x"})
 
     page = await source.read_changes(info, replica.version, limit=7)
     delivered = list(page.rows)
     while page.more:
         async with harness.writer() as w:  # move delivered and pending entries above the bound
-            await w.update(config, {"id": delivered[-1].key["id"]}, {"n": -1})
-            await w.update(config, {"id": 59 - len(delivered)}, {"n": -2})
-            await w.insert(config, {"id": 100 + len(delivered), "n": 0, "note": "late"})
+            await w.update(table_config, {"id": delivered[-1].key["id"]}, {"n": -1})
+            await w.update(table_config, {"id": 59 - len(delivered)}, {"n": -2})
+            await w.insert(table_config, {"id": 100 + len(delivered), "n": 0, "note": "late"})
         assert page.cursor is not None
         page = await source.read_changes(
             info, replica.version, limit=7, upto=page.next_version, after=page.cursor
@@ -352,25 +354,25 @@ async def test_paging_returns_every_row_exactly_once(harness: SourceHarness) -> 
     replica.apply(delivered)
     replica.version = page.next_version
     await replica.catch_up(limit=7)  # what moved above the bound comes now
-    assert replica.rows == await harness.rows(config)
+    assert replica.rows == await harness.rows(table_config)
 
 
 async def test_no_change_is_lost_under_concurrent_writers(harness: SourceHarness) -> None:
     """Writers commit in any order while a reader follows checkpoints; a long
     transaction starts first, writes early and late, and commits last."""
     info, source = await items(harness, "busy")
-    config = table_config(info.schema, info.name)
+    table_config = make_table_config(info.schema, info.name)
     replica = await Replica.from_snapshot(source, info)
     long_writer = await harness.begin()
     await long_writer.take_version()
-    await long_writer.insert(config, {"id": 10_000, "n": 0, "note": "early"})
+    await long_writer.insert(table_config, {"id": 10_000, "n": 0, "note": "early"})
 
     async def writer(seed: int) -> None:
         rng = random.Random(seed)
         for _ in range(15):
             w = await harness.begin()
             for key in sorted(rng.sample(range(40), rng.randint(1, 4))):  # sorted: no deadlock
-                await _random_write(w, config, rng, key, spare=10_100 + seed * 100)
+                await _random_write(w, table_config, rng, key, spare=10_100 + seed * 100)
             await (w.commit() if rng.random() < 0.9 else w.rollback())
 
     writers = asyncio.gather(*(writer(seed) for seed in range(6)))
@@ -384,24 +386,26 @@ async def test_no_change_is_lost_under_concurrent_writers(harness: SourceHarness
     finally:
         writers.cancel()  # should an assertion fail while they run
     for key in range(0, 40, 3):  # the long transaction's late writes, then its commit
-        await long_writer.upsert(config, {"id": key, "n": -key, "note": "late"})
+        await long_writer.upsert(table_config, {"id": key, "n": -key, "note": "late"})
     await long_writer.commit()
 
     await harness.settle()
     await replica.catch_up(limit=13)
     assert checkpoints == sorted(checkpoints) and len(checkpoints) > 1
-    assert replica.rows == await harness.rows(config)
+    assert replica.rows == await harness.rows(table_config)
     assert replica.rows[(10_000,)]["note"] == "early"
 
 
-async def _random_write(w: Writer, config: Any, rng: random.Random, key: int, spare: int) -> None:
+async def _random_write(w: Writer, table_config: Any, rng: random.Random, key: int, spare: int) -> None:
     choice = rng.random()
     if choice < 0.6:
-        await w.upsert(config, {"id": key, "n": rng.randrange(1000), "note": rng.choice(["a", "b", None])})
+        await w.upsert(
+            table_config, {"id": key, "n": rng.randrange(1000), "note": rng.choice(["a", "b", None])}
+        )
     elif choice < 0.85:
-        await w.delete(config, {"id": key})
+        await w.delete(table_config, {"id": key})
     else:  # to a key of this writer's own: never locked by another
-        await w.move(config, {"id": key}, {"id": spare + rng.randrange(100)})
+        await w.move(table_config, {"id": key}, {"id": spare + rng.randrange(100)})
 
 
 # A schedule: steps of three interleaved transactions and a reader.
@@ -426,22 +430,22 @@ async def test_interleaved_transactions_rebuild_the_table(
     """Any interleaving of overlapping transactions (row locks respected, so the
     schedule never blocks) and reads: the rebuilt table equals the real one."""
     info, source = await items(harness, f"h{uuid.uuid4().hex[:12]}")
-    config = table_config(info.schema, info.name)
+    table_config = make_table_config(info.schema, info.name)
     replica = await Replica.from_snapshot(source, info)
     open_: dict[int, Writer] = {}
     try:
-        await _run_schedule(harness, config, replica, schedule, open_)
+        await _run_schedule(harness, table_config, replica, schedule, open_)
     finally:  # an example that fails must not leave transactions open for the next one
         for writer in open_.values():
             await writer.rollback()
     await harness.settle()
     await replica.catch_up(limit=3)
-    assert replica.rows == await harness.rows(config)
+    assert replica.rows == await harness.rows(table_config)
 
 
 async def _run_schedule(
     harness: SourceHarness,
-    config: TableConfig,
+    table_config: TableConfig,
     replica: Replica,
     schedule: list[tuple[str, int, int, int]],
     open_: dict[int, Writer],
@@ -462,10 +466,10 @@ async def _run_schedule(
             writer = open_.get(tx) or open_.setdefault(tx, await harness.begin())
             locks.update(dict.fromkeys(keys, tx))
             if action == "upsert":
-                await writer.upsert(config, {"id": key, "n": value, "note": str(tx)})
+                await writer.upsert(table_config, {"id": key, "n": value, "note": str(tx)})
             elif action == "delete":
-                await writer.delete(config, {"id": key})
+                await writer.delete(table_config, {"id": key})
             else:
-                await writer.move(config, {"id": key}, {"id": value})
+                await writer.move(table_config, {"id": key}, {"id": value})
     for tx in sorted(open_):
         await open_.pop(tx).commit()

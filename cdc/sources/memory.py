@@ -1,0 +1,436 @@
+"""An in-memory source: the ChangeSource contract (DESIGN.md §2) without a database.
+
+It passes the same contract suite as PostgreSQL and SQL Server
+(``tests/contract``), so the tracker, the checkpoint line and the balancer
+can have millisecond unit tests against it. Its model:
+
+- one version counter for the whole database, stamped on a transaction at
+  commit (as SQL Server does), so every commit that returned is at or below
+  ``current_version()`` and nothing can later commit below it: a read's bound
+  is simply the current version;
+- per tracked table, a log of every change (version, operation, changed
+  columns) and a minimum valid version. A net change relative to ``since``
+  needs only the log above ``since``: the row existed at ``since`` unless its
+  first later change is an insert. Each entry keeps the row as the change
+  left it, so every page of a read sees the view of the read's bound. ``cleanup`` drops old entries and raises
+  the minimum valid version over them; TRUNCATE is not logged and raises the
+  minimum valid version to its own version;
+- transactions (``begin``) buffer their writes, see their own writes, and
+  apply them atomically at ``commit``: a test can hold one open across reads.
+
+Tests write through ``create_table``, ``insert``/``update``/``delete``/
+``truncate`` (each its own transaction), ``begin``, ``restore`` (the
+version goes back) and ``available`` (False: every call raises
+``SourceUnavailable``, as a source that went away).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cdc.config import TableConfig
+from cdc.errors import (
+    SchemaError,
+    SourceUnavailable,
+    TrackingExpired,
+    TrackingNotEnabled,
+    UnsupportedType,
+)
+from cdc.sources.base import (
+    ChangePage,
+    ChangeRow,
+    Column,
+    Cursor,
+    Finding,
+    Op,
+    SnapshotPage,
+    TableInfo,
+    TrackingStatus,
+)
+
+# The column types the source publishes: Python values are stored as given.
+TYPES = frozenset(
+    {"int", "bigint", "text", "decimal", "float", "bool", "bytes", "uuid", "date", "datetime", "json"}
+)
+
+Key = tuple[Any, ...]
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tracked change of one row."""
+
+    version: int
+    op: Op
+    columns: frozenset[str] | None  # an update's changed columns; None for I and D
+    row: Row | None  # the row after the change (None: deleted): a read sees its bound's view
+    at: float  # clock time of the commit, for retention
+
+
+@dataclass
+class Table:
+    """A table's rows and, once tracked, its change log."""
+
+    name: str  # "schema.name"
+    columns: dict[str, str]  # column -> type, in table order
+    primary_key: tuple[str, ...]
+    rows: dict[Key, Row] = field(default_factory=dict)
+    tracked: bool = False
+    min_valid_version: int = 0
+    log: dict[Key, list[Entry]] = field(default_factory=dict)
+
+    def key_of(self, values: Mapping[str, Any]) -> Key:
+        return tuple(values[c] for c in self.primary_key)
+
+
+class MemoryTransaction:
+    """Writes buffered until ``commit``; reads inside it see them."""
+
+    def __init__(self, source: MemorySource) -> None:
+        self._source = source
+        self._writes: dict[str, dict[Key, Row | None]] = {}  # table -> key -> row (None: deleted)
+        self.open = True
+
+    def _view(self, table: Table, key: Key) -> Row | None:
+        pending = self._writes.get(table.name, {})
+        return pending[key] if key in pending else table.rows.get(key)
+
+    def _write(self, table: Table, key: Key, row: Row | None) -> None:
+        assert self.open, "the transaction has ended"
+        self._writes.setdefault(table.name, {})[key] = row
+
+    def insert(self, table: str, row: Mapping[str, Any]) -> None:
+        t = self._source.table(table)
+        key = t.key_of(row)
+        if self._view(t, key) is not None:
+            raise KeyError(f"{table}: duplicate primary key {key}")
+        self._write(t, key, {c: row.get(c) for c in t.columns})
+
+    def upsert(self, table: str, row: Mapping[str, Any]) -> None:
+        """Insert the row, or update every given column where the key exists."""
+        t = self._source.table(table)
+        current = self._view(t, t.key_of(row))
+        if current is None:
+            self.insert(table, row)
+        else:
+            self._write(t, t.key_of(row), {**current, **row})
+
+    def update(self, table: str, key: Mapping[str, Any], values: Mapping[str, Any]) -> None:
+        """Update the row at ``key`` if it exists (a moved key: see ``move``)."""
+        t = self._source.table(table)
+        current = self._view(t, t.key_of(key))
+        if current is not None:
+            self._write(t, t.key_of(key), {**current, **values})
+
+    def delete(self, table: str, key: Mapping[str, Any]) -> None:
+        t = self._source.table(table)
+        if self._view(t, t.key_of(key)) is not None:
+            self._write(t, t.key_of(key), None)
+
+    def move(self, table: str, key: Mapping[str, Any], new_key: Mapping[str, Any]) -> None:
+        """Update the primary key of a row, if the row exists and the new key is free."""
+        t = self._source.table(table)
+        current = self._view(t, t.key_of(key))
+        target = t.key_of({**key, **new_key})
+        if current is None or self._view(t, target) is not None or target == t.key_of(key):
+            return
+        self._write(t, t.key_of(key), None)
+        self._write(t, target, {**current, **new_key})
+
+    def commit(self) -> int:
+        """Apply every write at one new version; return it."""
+        assert self.open, "the transaction has ended"
+        self.open = False
+        return self._source._commit(self._writes)
+
+    def rollback(self) -> None:
+        self.open = False
+        self._writes.clear()
+
+
+class MemorySource:
+    """A ChangeSource over tables held in memory (see the module docstring)."""
+
+    kind = "memory"
+
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._tables: dict[str, Table] = {}
+        self._version = 0
+        self._notified: set[str] = set()
+        self._notify = asyncio.Event()
+        self.available = True  # False: every call raises SourceUnavailable
+
+    # -- what tests write --------------------------------------------------------
+
+    def create_table(self, table: str, columns: Mapping[str, str], key: Sequence[str]) -> None:
+        """Create ``table`` ("schema.name") with ``columns`` (name -> type) and primary ``key``."""
+        self._tables[table.lower()] = Table(table, dict(columns), tuple(key))
+
+    def table(self, table: str) -> Table:
+        try:
+            return self._tables[table.lower()]
+        except KeyError:
+            raise SchemaError(f"{table}: no such table") from None
+
+    def begin(self) -> MemoryTransaction:
+        return MemoryTransaction(self)
+
+    def insert(self, table: str, row: Mapping[str, Any]) -> int:
+        """Insert one row in a transaction of its own; return its version."""
+        return self._autocommit(lambda tx: tx.insert(table, row))
+
+    def update(self, table: str, key: Mapping[str, Any], values: Mapping[str, Any]) -> int:
+        return self._autocommit(lambda tx: tx.update(table, key, values))
+
+    def delete(self, table: str, key: Mapping[str, Any]) -> int:
+        return self._autocommit(lambda tx: tx.delete(table, key))
+
+    def truncate(self, table: str) -> int:
+        """Empty the table. Not tracked: it invalidates every checkpoint below it."""
+        t = self.table(table)
+        self._version += 1
+        t.rows.clear()
+        t.log.clear()
+        t.min_valid_version = self._version
+        return self._version
+
+    def restore(self, version: int) -> None:
+        """The database goes back to ``version`` (a restore, a failover): the
+        version counter does; checkpoints above it must expire."""
+        self._version = version
+
+    def rows(self, table: str) -> dict[Key, Row]:
+        """The committed contents: primary key -> every column."""
+        return {k: dict(v) for k, v in self.table(table).rows.items()}
+
+    def _autocommit(self, write: Callable[[MemoryTransaction], None]) -> int:
+        tx = self.begin()
+        write(tx)
+        return tx.commit()
+
+    def _commit(self, writes: Mapping[str, Mapping[Key, Row | None]]) -> int:
+        self._version += 1
+        for name, rows in writes.items():
+            t = self._tables[name.lower()]
+            for key, row in rows.items():
+                self._apply(t, key, row)
+            if t.tracked and rows:
+                self._notified.add(t.name)
+                self._notify.set()
+        return self._version
+
+    def _apply(self, t: Table, key: Key, row: Row | None) -> None:
+        before = t.rows.get(key)
+        if row is None:
+            t.rows.pop(key, None)
+        else:
+            t.rows[key] = dict(row)
+        if not t.tracked or before == row:
+            return
+        if before is None or row is None:
+            op: Op = "D" if row is None else "I"
+            entry = Entry(self._version, op, None, None if row is None else dict(row), self._clock())
+        else:
+            changed = frozenset(c for c in row if row[c] != before.get(c))
+            entry = Entry(self._version, "U", changed, dict(row), self._clock())
+        t.log.setdefault(key, []).append(entry)
+
+    # -- the ChangeSource protocol ---------------------------------------------
+
+    async def connect(self) -> None:
+        self._check_available()
+
+    async def close(self) -> None:
+        pass
+
+    async def describe(self, table_config: TableConfig) -> TableInfo:
+        self._check_available()
+        t = self.table(table_config.table)
+        if not t.primary_key:
+            raise SchemaError(f"{table_config.table}: the table has no primary key")
+        published = [*t.primary_key, *(c for c in t.columns if c not in t.primary_key)]
+        if table_config.columns is not None:
+            missing = [c for c in table_config.columns if c not in t.columns]
+            if missing:
+                raise SchemaError(f"{table_config.table}: no column {', '.join(missing)}")
+            published = [c for c in published if c in t.primary_key or c in table_config.columns]
+        for column in published:
+            if t.columns[column] not in TYPES:
+                raise UnsupportedType(
+                    f"{table_config.table}.{column}: type {t.columns[column]} is not published"
+                )
+        columns = tuple(Column(c, t.columns[c], c not in t.primary_key) for c in published)
+        return TableInfo(table_config.table, table_config.schema, table_config.name, t.primary_key, columns)
+
+    async def current_version(self) -> int:
+        self._check_available()
+        return self._version
+
+    async def read_changes(
+        self,
+        info: TableInfo,
+        since: int,
+        *,
+        limit: int,
+        upto: int | None = None,
+        after: Cursor | None = None,
+    ) -> ChangePage:
+        """The net changes in ``(since, upto]`` (``upto``: the first page's
+        bound, the current version), ordered by (version, primary key)."""
+        t = self._readable(info, since)
+        bound = self._version if upto is None else upto
+        rows = sorted(self._net_changes(t, info, since, bound), key=_order)
+        if after is not None:
+            rows = [r for r in rows if _order(r) > after]
+        page = rows[:limit]
+        more = len(rows) > limit
+        return ChangePage(page, bound, more, _order(page[-1]) if more else None)
+
+    def _readable(self, info: TableInfo, since: int) -> Table:
+        self._check_available()
+        t = self.table(info.table)
+        if not t.tracked:
+            raise TrackingNotEnabled(f"{info.table}: change tracking is not enabled")
+        if since < t.min_valid_version:
+            raise TrackingExpired(
+                info.table, f"{since} is below the minimum valid version {t.min_valid_version}"
+            )
+        if since > self._version:
+            raise TrackingExpired(info.table, f"the source version {self._version} is below {since}")
+        return t
+
+    def _net_changes(self, t: Table, info: TableInfo, since: int, bound: int) -> list[ChangeRow]:
+        """One row per key changed in ``(since, bound]``, as it was at the bound:
+        every page of a read sees the same view, however late it is read (a key
+        changed again above the bound is in this read and, again, in the next)."""
+        changes = []
+        for key, log in t.log.items():
+            window = [e for e in log if since < e.version <= bound]
+            if window:
+                changes.append(_net_row(t, info, key, window))
+        return changes
+
+    async def snapshot(self, info: TableInfo, *, page_size: int) -> AsyncIterator[SnapshotPage]:
+        """The rows as they are now (copied at once: one consistent view), paged by key."""
+        self._check_available()
+        t = self.table(info.table)
+        version = self._version
+        rows = [_published(info, r) for _, r in sorted(t.rows.items())]
+        for start in range(0, max(1, len(rows)), page_size):
+            yield SnapshotPage(version, rows[start : start + page_size], len(rows))
+
+    async def wait_for_changes(self, timeout: float) -> set[str]:
+        """Tables committed to since the last call, waiting up to ``timeout`` for one."""
+        if self._notified:
+            await asyncio.sleep(0)  # a wait is a suspension point, even when it need not wait
+        else:
+            self._notify.clear()
+            try:
+                await asyncio.wait_for(self._notify.wait(), timeout)
+            except TimeoutError:
+                return set()
+        notified, self._notified = self._notified, set()
+        return notified
+
+    def quiet_for(self, info: TableInfo, since: int) -> float:
+        return 0.0  # a read costs nothing here: never worth skipping
+
+    async def tracking_enable(self, tables: Sequence[TableConfig]) -> list[str]:
+        done = []
+        for table_config in tables:
+            t = self.table(table_config.table)
+            if not t.primary_key:
+                raise SchemaError(f"{table_config.table}: the table has no primary key")
+            if not t.tracked:
+                t.tracked, t.min_valid_version = True, self._version
+                done.append(f"tracking enabled for {table_config.table}")
+        return done
+
+    async def tracking_disable(self, tables: Sequence[TableConfig]) -> list[str]:
+        done = []
+        for table_config in tables:
+            t = self.table(table_config.table)
+            if t.tracked:
+                t.tracked = False
+                t.log.clear()
+                done.append(f"tracking disabled for {table_config.table}")
+        return done
+
+    async def tracking_status(self, tables: Sequence[TableConfig]) -> list[TrackingStatus]:
+        statuses = []
+        for table_config in tables:
+            t = self.table(table_config.table)
+            minimum = t.min_valid_version if t.tracked else None
+            statuses.append(TrackingStatus(table_config.table, t.tracked, minimum, self._version))
+        return statuses
+
+    async def cleanup(self, retention: float) -> int:
+        """Drop entries older than ``retention`` seconds; each table's minimum
+        valid version rises over the highest version dropped."""
+        cutoff = self._clock() - retention
+        removed = 0
+        for t in self._tables.values():
+            expired = [e.version for log in t.log.values() for e in log if e.at <= cutoff]
+            if expired:
+                t.min_valid_version = max(t.min_valid_version, max(expired))
+                removed += self._drop_below(t, t.min_valid_version)
+        return removed
+
+    @staticmethod
+    def _drop_below(t: Table, version: int) -> int:
+        """Drop the entries at or below ``version``; return how many."""
+        removed = 0
+        for key in list(t.log):
+            kept = [e for e in t.log[key] if e.version > version]
+            removed += len(t.log[key]) - len(kept)
+            if kept:
+                t.log[key] = kept
+            else:
+                del t.log[key]
+        return removed
+
+    async def doctor(self, tables: Sequence[TableConfig]) -> list[Finding]:
+        return [Finding("ok", "memory", "an in-memory source: nothing can go wrong")]
+
+    def _check_available(self) -> None:
+        if not self.available:
+            raise SourceUnavailable("the in-memory source is unavailable (available = False)")
+
+
+def _order(row: ChangeRow) -> Cursor:
+    return row.version, tuple(row.key.values())
+
+
+def _published(info: TableInfo, row: Row) -> Row:
+    return {c: row[c] for c in info.column_names}
+
+
+def _net_row(t: Table, info: TableInfo, key: Key, window: list[Entry]) -> ChangeRow:
+    """The net change of ``key`` over its entries in ``(since, bound]``: it
+    existed at ``since`` unless the first of them is an insert."""
+    existed = window[0].op != "I"
+    current = window[-1].row
+    key_values = dict(zip(t.primary_key, key, strict=True))
+    version = window[-1].version
+    if current is None:
+        return ChangeRow("D", version, key_values, None)
+    if not existed:
+        return ChangeRow("I", version, key_values, _published(info, current))
+    return ChangeRow("U", version, key_values, _published(info, current), _changed(info, window))
+
+
+def _changed(info: TableInfo, window: list[Entry]) -> frozenset[str] | None:
+    """The published columns updated after ``since``; None (unknown) if the
+    row was deleted and inserted again meanwhile."""
+    changed: set[str] = set()
+    for entry in window:
+        if entry.columns is None:
+            return None
+        changed |= entry.columns
+    return frozenset(changed & set(info.column_names))
