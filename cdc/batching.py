@@ -14,7 +14,7 @@
 - One applier, in queue order: each table's changes reach Redis in the order
   they were read, which keeps per-partition version order.
 - A batch that fails on a transient Redis error is retried, whole, with
-  exponential backoff and jitter, for as long as the outage lasts (replays are
+  exponential backoff and equal jitter, for as long as the outage lasts (replays are
   harmless under the apply rule). Content failures are isolated by the data
   manager, which dead-letters the poison change and applies the rest.
 - Every change belongs to a ``Ticket``: the set of changes one read produced.
@@ -35,12 +35,16 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential, wait_random
+from tenacity import AsyncRetrying, retry_if_exception_type
 
 from cdc.errors import TransientError
 from publishers.model import ApplyResult, Change
+from publishers.retrying import equal_jitter
 
 log = logging.getLogger("cdc.batching")
+
+# Between tries of a failed batch: 0.05-0.1 s, 0.1-0.2 s, ... up to 2.5-5 s.
+RETRY_WAIT = equal_jitter(0.1, 5.0)
 
 ApplyFn = Callable[[Sequence[Change]], Awaitable[ApplyResult]]
 # Producers yield to the event loop after this many single puts (and after
@@ -207,7 +211,7 @@ class AutoBatchWorker:
         started = time.monotonic()
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(TransientError),
-            wait=wait_exponential(multiplier=0.05, max=5.0) + wait_random(0, 0.1),
+            wait=RETRY_WAIT,
             before_sleep=self._before_retry,
             reraise=True,
         )

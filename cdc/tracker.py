@@ -34,8 +34,6 @@ from tenacity import (
     AsyncRetrying,
     RetryCallState,
     retry_if_exception_type,
-    wait_exponential,
-    wait_random_exponential,
 )
 
 from cdc.backoff import EmptyPollBackoff
@@ -49,6 +47,7 @@ from cdc.sources.base import ChangeRow, ChangeSource, TableInfo
 from publishers import control
 from publishers.manager import DataManager
 from publishers.model import Change
+from publishers.retrying import equal_jitter
 
 log = logging.getLogger("cdc.tracker")
 
@@ -59,13 +58,9 @@ log = logging.getLogger("cdc.tracker")
 SLICE = 256
 MIN_SLICE = 32
 MAX_RETRY_DELAY = 5.0  # a failing table retries at least this often: it resumes soon after an outage
-# Between tries of a failing table: half of a doubling delay (0.5 s, 1 s, 2 s...,
-# capped at MAX_RETRY_DELAY) fixed, the other half random ("equal jitter"): after
-# an outage the tables spread their retries over seconds instead of all retrying
-# at the same instant, none waits past the cap, none retries in a tight loop.
-RETRY_WAIT = wait_exponential(multiplier=0.25, max=MAX_RETRY_DELAY / 2) + wait_random_exponential(
-    multiplier=0.25, max=MAX_RETRY_DELAY / 2
-)
+# Between tries of a failing table: 0.25-0.5 s, 0.5-1 s, ... up to 2.5-5 s, so
+# that after an outage the tables spread their retries (publishers.retrying).
+RETRY_WAIT = equal_jitter(0.5, MAX_RETRY_DELAY)
 State = Literal["starting", "snapshotting", "streaming", "degraded", "stopped"]
 R = TypeVar("R")  # a source row: a ChangeRow, or a snapshot row (a dict)
 

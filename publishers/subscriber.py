@@ -40,6 +40,7 @@ from typing import Any
 
 from jsonpatch import JsonPatchException
 from jsonpointer import JsonPointerException
+from tenacity import AsyncRetrying, retry_if_exception_type
 
 from publishers import connection, redis_calls
 from publishers.connection import RedisClient
@@ -47,6 +48,7 @@ from publishers.documents import decode_document
 from publishers.errors import CdcError, TransientError
 from publishers.layout import Layout
 from publishers.messages import Document, Message, apply_patch, decode_message, stream_seq
+from publishers.retrying import equal_jitter
 from publishers.settings import RedisConfig
 
 Replica = dict[str, dict[str, Document]]
@@ -70,7 +72,7 @@ for s = 3, #KEYS do
 end
 return out
 """
-RETRY_MIN, RETRY_MAX = 0.1, 2.0  # seconds between attempts while Redis is unavailable
+RETRY_WAIT = equal_jitter(0.1, 2.0)  # between attempts while Redis is unavailable: 0.05-0.1 s ... 1-2 s
 
 _SCAN_COUNT = 10_000
 
@@ -149,16 +151,13 @@ class Subscriber:
 
     async def messages(self) -> AsyncIterator[Message]:
         """Every message from the start position on, forever, across Redis
-        outages (transient errors are retried with a capped backoff)."""
-        delay = RETRY_MIN
+        outages (transient errors are retried with a capped, jittered backoff)."""
         while True:
-            try:
-                batch = await self.poll()
-            except TransientError:
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, RETRY_MAX)
-                continue
-            delay = RETRY_MIN
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(TransientError), wait=RETRY_WAIT
+            ):
+                with attempt:
+                    batch = await self.poll()
             for message in batch:
                 yield message
 
