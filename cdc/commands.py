@@ -81,17 +81,17 @@ async def validate(config: Config) -> int:
         _print(
             f"ok    {config.path}: {len(config.tables)} table(s), source {config.source.kind}, Redis reachable"
         )
-        for table in config.tables:
+        for table_config in config.tables:
             try:
-                info = await source.describe(table)
-                TableMapper(table, info, config.worker.max_row_bytes)
+                info = await source.describe(table_config)
+                TableMapper(table_config, info, config.worker.max_row_bytes)
                 await source.read_changes(info, await source.current_version(), limit=1)
             except CdcError as exc:
                 worst = max(worst, exc.exit_code)
-                _print(f"error {table.table} ({config.path}:{table.line}): {exc}")
+                _print(f"error {table_config.table} ({config.path}:{table_config.line}): {exc}")
                 continue
             key = ", ".join(info.primary_key)
-            _print(f"ok    {table.table}: key ({key}), {len(info.columns)} column(s), tracking on")
+            _print(f"ok    {table_config.table}: key ({key}), {len(info.columns)} column(s), tracking on")
     return worst
 
 
@@ -200,18 +200,18 @@ async def status(config: Config, *, as_json: bool = False) -> int:
         except TransientError:
             current = None
         rows = []
-        for table in config.tables:
-            checkpoint = await manager.get_checkpoint(table.table)
+        for table_config in config.tables:
+            checkpoint = await manager.get_checkpoint(table_config.table)
             version = checkpoint.version if checkpoint else None
             rows.append(
                 {
-                    "table": table.table,
+                    "table": table_config.table,
                     "state": checkpoint.state if checkpoint else "no checkpoint",
                     "checkpoint": version,
                     "source_version": current,
                     "lag_versions": None if version is None or current is None else max(0, current - version),
                     "updated_at": checkpoint.updated_at if checkpoint else None,
-                    "snapshot": await control.snapshot_progress(manager, table.table),
+                    "snapshot": await control.snapshot_progress(manager, table_config.table),
                 }
             )
         workers = await control.workers(manager)
@@ -299,19 +299,17 @@ async def _retention_findings(config: Config, manager: DataManager) -> list[Find
         return []
     out = []
     now = dt.datetime.now(dt.UTC)
-    for table in config.tables:
-        checkpoint = await manager.get_checkpoint(table.table)
+    for table in (table_config.table for table_config in config.tables):
+        checkpoint = await manager.get_checkpoint(table)
         if checkpoint is None:
-            out.append(Finding("warning", table.table, "no checkpoint yet: the first run will snapshot it"))
+            out.append(Finding("warning", table, "no checkpoint yet: the first run will snapshot it"))
             continue
         try:
             age = (now - dt.datetime.fromisoformat(checkpoint.updated_at)).total_seconds()
         except ValueError as exc:
-            raise ConfigError(f"{table.table}: unreadable checkpoint time {checkpoint.updated_at!r}") from exc
+            raise ConfigError(f"{table}: unreadable checkpoint time {checkpoint.updated_at!r}") from exc
         if age > config.source.retention:
-            out.append(Finding("error", table.table, f"checkpoint is {age:.0f}s old, beyond retention"))
+            out.append(Finding("error", table, f"checkpoint is {age:.0f}s old, beyond retention"))
         elif age > config.source.retention / 2:
-            out.append(
-                Finding("warning", table.table, f"checkpoint is {age:.0f}s old, over half the retention")
-            )
+            out.append(Finding("warning", table, f"checkpoint is {age:.0f}s old, over half the retention"))
     return out

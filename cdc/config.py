@@ -94,9 +94,9 @@ class Config:
     path: str = "<config>"
 
     def table(self, name: str) -> TableConfig:
-        for table in self.tables:
-            if table.table.lower() == name.lower():
-                return table
+        for table_config in self.tables:
+            if table_config.table.lower() == name.lower():
+                return table_config
         known = ", ".join(t.table for t in self.tables)
         raise ConfigError(f"{self.path}: no table {name!r} is registered (registered: {known})")
 
@@ -451,25 +451,27 @@ def _backoff(
 def _check_unique(tables: tuple[TableConfig, ...]) -> None:
     seen: dict[str, int] = {}
     sections: dict[str, int] = {}
-    for index, table in enumerate(tables):
-        lowered = table.table.lower()
+    for index, table_config in enumerate(tables):
+        lowered = table_config.table.lower()
         if lowered in seen:
             first = tables[seen[lowered]]
             raise _FieldError(
                 ("tables", index, "table"),
-                f"{table.table} is registered twice (first as tables[{seen[lowered]}] on line {first.line})",
+                f"{table_config.table} is registered twice (first as tables[{seen[lowered]}] on line {first.line})",
             )
         seen[lowered] = index
-        if table.section in sections:
-            other = tables[sections[table.section]].table
-            implicit = "section" not in dict(table.field_lines)
-            hint = f" (the default section is the table name, lower-cased: set section for {table.table})"
+        if table_config.section in sections:
+            other = tables[sections[table_config.section]].table
+            implicit = "section" not in dict(table_config.field_lines)
+            hint = (
+                f" (the default section is the table name, lower-cased: set section for {table_config.table})"
+            )
             raise _FieldError(
                 ("tables", index, "section"),
-                f"section {table.section!r} is already written by {other}; each section belongs to one table"
+                f"section {table_config.section!r} is already written by {other}; each section belongs to one table"
                 + (hint if implicit else ""),
             )
-        sections[table.section] = index
+        sections[table_config.section] = index
 
 
 def _parse_address(value: str | None, where: tuple[str | int, ...]) -> tuple[str, int] | None:

@@ -31,7 +31,10 @@ from tests.e2e import actual_documents, assert_mirrored, assert_seq_gap_free, wa
 SECTIONS = ("items", "lines")
 
 
-def checking_client(url: str, name: str = "cdc-test") -> aioredis.Redis:
+TEST_CLIENT = "cdc-test"  # the name of the tests' own Redis connections: chaos never cuts them
+
+
+def checking_client(url: str, name: str = TEST_CLIENT) -> aioredis.Redis:
     """The test's own client for a server that a fault restarts: it retries a
     command that met a closed connection (the product's clients do not; the
     subscriber under test gets a plain one)."""

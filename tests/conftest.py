@@ -4,6 +4,8 @@
 - ``redis_cluster_url``: a 3-master Redis Cluster started for the session
 - ``postgres_dsn``: a PostgreSQL cluster initdb'ed for the session (or
   CDC_TEST_POSTGRES_DSN)
+- ``redis_client``: a client of ``redis_url`` named ``cdc-test`` (chaos tests
+  never cut connections of that name)
 - ``mssql_dsn``: CDC_TEST_MSSQL_DSN, or a testcontainers SQL Server when a
   Docker engine answers; skipped with the reason otherwise
 
@@ -15,12 +17,14 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
+import redis.asyncio as aioredis
 
 from cdc.config import RedisConfig
 from cdc.devservers import PostgresServer, RedisCluster, RedisServer, ServerUnavailable
+from tests.chaos import TEST_CLIENT
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -49,6 +53,13 @@ def redis_server() -> Iterator[RedisServer | None]:
 @pytest.fixture(scope="session")
 def redis_url(redis_server: RedisServer | None) -> str:
     return os.environ.get("CDC_TEST_REDIS_URL") or (redis_server.url if redis_server else "")
+
+
+@pytest.fixture
+async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url, client_name=TEST_CLIENT)
+    yield client
+    await client.aclose()
 
 
 @pytest.fixture(scope="session")

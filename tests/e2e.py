@@ -15,6 +15,7 @@ import psycopg
 import redis.asyncio as aioredis
 
 from cdc.config import Config, parse_config
+from cdc.sources import make_source
 from cdc.values import encode_value
 from publishers.layout import Layout
 
@@ -76,6 +77,16 @@ def write_config(
 ) -> Path:
     path.write_text(config_text(schema, postgres_dsn, redis_url, namespace, **worker), encoding="utf-8")
     return path
+
+
+async def enable_tracking(config: Config) -> None:
+    """``cdc tracking enable`` for every table of ``config``."""
+    source = make_source(config.source)
+    await source.connect()
+    try:
+        await source.tracking_enable(config.tables)
+    finally:
+        await source.close()
 
 
 async def create_tables(dsn: str, schema: str) -> None:

@@ -18,7 +18,6 @@ import redis.asyncio as aioredis
 from cdc.config import Config, RedisConfig, parse_config
 from cdc.errors import LeaseLost
 from cdc.pipeline import Pipeline
-from cdc.sources import make_source
 from cdc.tracker import ChangeTracker
 from publishers import control
 from publishers.layout import Layout
@@ -39,28 +38,13 @@ from tests.e2e import (
     assert_mirrored,
     assert_seq_gap_free,
     create_tables,
+    enable_tracking,
     make_config,
     wait_for,
     write_config,
 )
 
 LEASE_TTL = 2.0  # seconds; renewed every LEASE_TTL / 3
-
-
-@pytest.fixture
-async def redis_client(redis_url: str):  # type: ignore[no-untyped-def]
-    client = aioredis.Redis.from_url(redis_url)
-    yield client
-    await client.aclose()
-
-
-async def enable_tracking(config: Config) -> None:
-    source = make_source(config.source)
-    await source.connect()
-    try:
-        await source.tracking_enable(config.tables)
-    finally:
-        await source.close()
 
 
 async def worker_tables(client: aioredis.Redis, namespace: str) -> dict[str, set[str]]:

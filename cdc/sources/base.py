@@ -149,7 +149,7 @@ class ChangeSource(Protocol):
 
     async def close(self) -> None: ...
 
-    async def describe(self, table: TableConfig) -> TableInfo:
+    async def describe(self, table_config: TableConfig) -> TableInfo:
         """Resolve the table: primary key, published columns and their types.
 
         Raises SchemaError (no primary key, unknown column), UnsupportedType,
@@ -162,7 +162,7 @@ class ChangeSource(Protocol):
 
     async def read_changes(
         self,
-        table: TableInfo,
+        info: TableInfo,
         since: int,
         *,
         limit: int,
@@ -170,7 +170,7 @@ class ChangeSource(Protocol):
         after: Cursor | None = None,
     ) -> ChangePage: ...
 
-    def snapshot(self, table: TableInfo, *, page_size: int) -> AsyncIterator[SnapshotPage]: ...
+    def snapshot(self, info: TableInfo, *, page_size: int) -> AsyncIterator[SnapshotPage]: ...
 
     async def wait_for_changes(self, timeout: float) -> set[str]:
         """Block up to ``timeout`` seconds for a change notification; return
@@ -178,8 +178,8 @@ class ChangeSource(Protocol):
         no notification simply sleep and return an empty set."""
         ...
 
-    def quiet_for(self, table: TableInfo, since: int) -> float:
-        """Seconds during which a read of ``table`` from ``since`` is known to
+    def quiet_for(self, info: TableInfo, since: int) -> float:
+        """Seconds during which a read of ``info`` from ``since`` is known to
         find nothing unless ``wait_for_changes`` reports the table first; 0
         when that is not known. A tracker whose backoff would poll sooner
         waits for the notification instead (PostgreSQL; see its module)."""

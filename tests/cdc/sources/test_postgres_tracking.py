@@ -15,7 +15,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from contract.harness import PostgresHarness, PostgresWriter, Replica, read_all, table_config
 from psycopg import sql
 
 from cdc.config import SourceConfig
@@ -34,6 +33,7 @@ from cdc.sources.pg_dsn import redact_dsn, scrub
 from cdc.sources.pg_tracking import net_table_name, trigger_names
 from cdc.sources.postgres import PostgresSource
 from cdc.values import encode_value
+from tests.contract.harness import PostgresHarness, PostgresWriter, Replica, make_table_config, read_all
 
 ITEMS = {"id": "int", "n": "int", "note": "text"}
 
@@ -120,13 +120,15 @@ async def test_enable_again_keeps_the_history(pg: PostgresHarness) -> None:
     info, source = await tracked(pg)
     since = await source.current_version()
     async with pg.writer() as w:
-        await w.insert(table_config(pg.schema, "items"), {"id": 1, "n": 1, "note": "a"})
-    before = (await source.tracking_status([table_config(pg.schema, "items")]))[0].min_valid_version
+        await w.insert(make_table_config(pg.schema, "items"), {"id": 1, "n": 1, "note": "a"})
+    before = (await source.tracking_status([make_table_config(pg.schema, "items")]))[0].min_valid_version
 
-    messages = await source.tracking_enable([table_config(pg.schema, "items")])
+    messages = await source.tracking_enable([make_table_config(pg.schema, "items")])
 
     assert "already enabled" in messages[0]
-    assert (await source.tracking_status([table_config(pg.schema, "items")]))[0].min_valid_version == before
+    assert (await source.tracking_status([make_table_config(pg.schema, "items")]))[
+        0
+    ].min_valid_version == before
     rows, _ = await read_all(source, info, since)
     assert [(r.op, r.key) for r in rows] == [("I", {"id": 1})]
 
@@ -136,16 +138,16 @@ async def test_enable_after_a_primary_key_change_restarts_the_history(pg: Postgr
     since = await source.current_version()
     await execute(pg, "alter table {s}.items drop constraint items_pkey, add primary key (id, n)")
 
-    await source.tracking_enable([table_config(pg.schema, "items")])
+    await source.tracking_enable([make_table_config(pg.schema, "items")])
     await pg.settle()
 
     with pytest.raises(TrackingExpired):
         await source.read_changes(info, since, limit=10)
-    info = await source.describe(table_config(pg.schema, "items"))
+    info = await source.describe(make_table_config(pg.schema, "items"))
     assert info.primary_key == ("id", "n")
     replica = await Replica.from_snapshot(source, info)
     async with pg.writer() as w:
-        await w.insert(table_config(pg.schema, "items"), {"id": 1, "n": 2, "note": "a"})
+        await w.insert(make_table_config(pg.schema, "items"), {"id": 1, "n": 2, "note": "a"})
     assert [(r.op, r.key) for r in await replica.catch_up()] == [("I", {"id": 1, "n": 2})]
 
 
@@ -154,7 +156,7 @@ async def test_disable_removes_everything_and_the_schema_with_the_last_table(pg:
     await tracked(pg, "two")
     ts = pg.tracking_schema
 
-    assert await pg.source.tracking_disable([table_config(pg.schema, "one")]) == [
+    assert await pg.source.tracking_disable([make_table_config(pg.schema, "one")]) == [
         f"{pg.schema}.one: change tracking disabled"
     ]
     assert (
@@ -162,9 +164,11 @@ async def test_disable_removes_everything_and_the_schema_with_the_last_table(pg:
         == 0
     )
     assert await scalar(pg, "select to_regclass(%s)", f'"{ts}"."{net_table_name(pg.schema, "one")}"') is None
-    assert [s.enabled for s in await pg.source.tracking_status([table_config(pg.schema, "two")])] == [True]
+    assert [s.enabled for s in await pg.source.tracking_status([make_table_config(pg.schema, "two")])] == [
+        True
+    ]
 
-    messages = await pg.source.tracking_disable([table_config(pg.schema, "two")])
+    messages = await pg.source.tracking_disable([make_table_config(pg.schema, "two")])
 
     assert messages[-1].startswith(f"schema {ts}: dropped")
     assert await scalar(pg, "select count(*) from pg_namespace where nspname = %s", ts) == 0
@@ -177,9 +181,9 @@ async def test_tables_that_cannot_be_tracked_are_refused(pg: PostgresHarness) ->
         await pg.source.tracking_enable([versioned])
     await execute(pg, 'create table {s}."Orders" (id int primary key)')
     with pytest.raises(SchemaError, match="did you mean .*Orders"):
-        await pg.source.describe(table_config(pg.schema, "orders"))
+        await pg.source.describe(make_table_config(pg.schema, "orders"))
     with pytest.raises(SchemaError, match="no such table"):
-        await pg.source.tracking_enable([table_config(pg.schema, "orders")])
+        await pg.source.tracking_enable([make_table_config(pg.schema, "orders")])
 
 
 async def test_types_without_a_lossless_mapping_are_refused_by_name(pg: PostgresHarness) -> None:
@@ -187,8 +191,11 @@ async def test_types_without_a_lossless_mapping_are_refused_by_name(pg: Postgres
     await pg.create_table("odd", columns, ["id"], track=False)
     for column in ("p", "m", "tz"):
         with pytest.raises(UnsupportedType, match=rf"odd\.{column}: type"):
-            await pg.source.describe(table_config(pg.schema, "odd", [column]))
-    assert (await pg.source.describe(table_config(pg.schema, "odd", ["ok"]))).column_names == ("id", "ok")
+            await pg.source.describe(make_table_config(pg.schema, "odd", [column]))
+    assert (await pg.source.describe(make_table_config(pg.schema, "odd", ["ok"]))).column_names == (
+        "id",
+        "ok",
+    )
 
 
 async def test_enums_and_domains_are_published_but_not_arrays_of_them(pg: PostgresHarness) -> None:
@@ -198,7 +205,7 @@ async def test_enums_and_domains_are_published_but_not_arrays_of_them(pg: Postgr
     s = f'"{pg.schema}"'
     columns = {"id": "int", "m": f"{s}.mood", "p": f"{s}.price", "i": f"{s}.ints", "ms": f"{s}.mood[]"}
     table = await pg.create_table("typed", columns, ["id"])
-    info = await pg.source.describe(table_config(pg.schema, "typed", ["m", "p", "i"]))
+    info = await pg.source.describe(make_table_config(pg.schema, "typed", ["m", "p", "i"]))
     since = await pg.source.current_version()
     await pg.insert_literals(table, {"id": "1", "m": "'happy'", "p": "'1.50'", "i": "'{1,2}'"})
 
@@ -216,7 +223,7 @@ async def test_enums_and_domains_are_published_but_not_arrays_of_them(pg: Postgr
 
 async def test_a_long_transaction_holds_the_bound_and_loses_nothing(pg: PostgresHarness) -> None:
     info, source = await tracked(pg)
-    config = table_config(pg.schema, "items")
+    config = make_table_config(pg.schema, "items")
     replica = await Replica.from_snapshot(source, info)
     early = await pg.begin()
     assert isinstance(early, PostgresWriter)
@@ -238,7 +245,7 @@ async def test_a_long_transaction_holds_the_bound_and_loses_nothing(pg: Postgres
 
 async def test_cleanup_spares_entries_a_reader_may_not_have_passed(pg: PostgresHarness) -> None:
     info, source = await tracked(pg)
-    config = table_config(pg.schema, "items")
+    config = make_table_config(pg.schema, "items")
     async with pg.writer() as w:
         await w.insert(config, {"id": 1, "n": 1, "note": "old"})
     old_checkpoint = await source.current_version()
@@ -473,7 +480,7 @@ async def test_reads_of_a_partitioned_table_are_always_sent(pg: PostgresHarness)
             sql.Identifier(pg.schema, "parted_low"), sql.Identifier(pg.schema, "parted")
         )
     )
-    config = table_config(pg.schema, "parted")
+    config = make_table_config(pg.schema, "parted")
     source = pg.source
     assert isinstance(source, PostgresSource)
     await source.tracking_enable([config])
@@ -581,7 +588,7 @@ async def test_status_and_doctor_report_a_disabled_trigger(pg: PostgresHarness) 
             sql.Identifier(pg.schema), sql.Identifier(capture)
         )
     )
-    items = table_config(pg.schema, "items")
+    items = make_table_config(pg.schema, "items")
 
     status = (await pg.source.tracking_status([items]))[0]
     findings = await pg.source.doctor([items, plain])

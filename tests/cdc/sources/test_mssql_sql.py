@@ -934,7 +934,7 @@ async def test_wait_for_changes_sleeps_and_reports_nothing() -> None:
 
 # -- the docker compose demo (it cannot run here: its files are checked instead) -----
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]  # tests/cdc/sources/ -> the checkout
 DEMO_ENV = {
     "CDC_SOURCE_DSN": "DRIVER=FreeTDS;SERVER=mssql;PORT=1433;DATABASE=CdcDemo;UID=cdc_sidecar;PWD=x;TDS_Version=7.4",
     "CDC_REDIS_URL": "redis://redis:6379/0",

@@ -17,7 +17,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +28,12 @@ import redis.asyncio as aioredis
 from cdc.config import Config
 from cdc.daemon import Daemon
 from cdc.devservers import PostgresServer, RedisServer, free_port
-from cdc.sources import make_source
 from publishers.layout import Layout
 from publishers.manager import DataManager
 from publishers.model import Change
 from publishers.subscriber import Subscriber
 from tests.chaos import (
+    TEST_CLIENT,
     Follower,
     Sidecar,
     VersionSampler,
@@ -43,27 +43,10 @@ from tests.chaos import (
     wait_health,
     wait_published_more,
 )
-from tests.e2e import Writers, create_tables, make_config, wait_for, write_config
+from tests.e2e import Writers, create_tables, enable_tracking, make_config, wait_for, write_config
 
 OUTAGE = float(os.environ.get("CDC_TEST_OUTAGE_SECONDS", "30"))
 KILLS = int(os.environ.get("CDC_TEST_FAULT_KILLS", "20"))
-TEST_CLIENT = "cdc-test"  # the name of the test's own Redis connections (never cut)
-
-
-@pytest.fixture
-async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_url, client_name=TEST_CLIENT)
-    yield client
-    await client.aclose()
-
-
-async def enable_tracking(config: Config) -> None:
-    source = make_source(config.source)
-    await source.connect()
-    try:
-        await source.tracking_enable(config.tables)
-    finally:
-        await source.close()
 
 
 async def prepared(dsn: str, schema: str, redis_url: str, namespace: str, **worker: Any) -> Config:

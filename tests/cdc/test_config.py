@@ -30,7 +30,7 @@ from cdc.durations import format_duration, parse_duration
 from cdc.errors import ConfigError
 from cdc.templates import Template
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # tests/cdc/ -> the checkout
 DSN = (
     "Driver={ODBC Driver 18 for SQL Server};Server=sql01.corp.internal,1433;Database=Planning;"
     "UID=cdc_reader;PWD=v9#Lq!2x;Encrypt=yes"

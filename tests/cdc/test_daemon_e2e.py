@@ -22,7 +22,6 @@ import redis.asyncio as aioredis
 from psycopg import sql
 
 from cdc.daemon import Daemon
-from cdc.sources import make_source
 from cdc.sources.pg_tracking import net_table_name
 from publishers.layout import Layout
 from publishers.manager import DataManager
@@ -33,26 +32,11 @@ from tests.e2e import (
     assert_mirrored,
     assert_seq_gap_free,
     create_tables,
+    enable_tracking,
     make_config,
     wait_for,
     write_config,
 )
-
-
-@pytest.fixture
-async def redis_client(redis_url: str):  # type: ignore[no-untyped-def]
-    client = aioredis.Redis.from_url(redis_url)
-    yield client
-    await client.aclose()
-
-
-async def enable_tracking(config) -> None:  # type: ignore[no-untyped-def]
-    source = make_source(config.source)
-    await source.connect()
-    try:
-        await source.tracking_enable(config.tables)
-    finally:
-        await source.close()
 
 
 async def test_mirrors_concurrent_writers(
