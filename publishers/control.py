@@ -14,6 +14,7 @@ while Redis restarts.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 import uuid
@@ -102,8 +103,10 @@ async def keep_alive(manager: DataManager, worker_id: str, ttl: float) -> bool:
     dead one stops being counted when its leases run out, not a heartbeat TTL
     later: until then the survivors' fair share would leave its tables unowned."""
     ttl_ms = max(1, round(ttl * 1000))
-    alive = await manager.client.pexpire(manager.layout.worker(worker_id), ttl_ms)
-    await _register(manager, worker_id, str(ttl_ms))
+    # Side by side, one round trip as the pipeline of EVALs was (a cluster's
+    # pipelines refuse EVALSHA); the two keys do not depend on each other.
+    expire = manager.client.pexpire(manager.layout.worker(worker_id), ttl_ms)
+    alive, _ = await asyncio.gather(expire, _register(manager, worker_id, str(ttl_ms)))
     return bool(alive)
 
 
