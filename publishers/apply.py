@@ -1,4 +1,4 @@
-"""The apply path's Python half, beside ``apply.lua``: admitting, chunking,
+"""The apply path's Python half, beside ``lua/apply.lua``: admitting, chunking,
 building the calls, sending them in pipelined rounds, bisecting poison changes.
 
 ``DataManager.apply`` groups a batch by partition (keeping each partition's
@@ -27,14 +27,11 @@ Redis call.
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property, lru_cache
-from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -42,8 +39,7 @@ from redis import exceptions as rex
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import ConnectionPool
 
-from publishers import redis_calls
-from publishers.errors import CdcError
+from publishers import redis_calls, scripts
 from publishers.layout import Layout
 from publishers.model import ApplyResult, Change, timestamp
 
@@ -59,8 +55,8 @@ Reply = Any  # a decoded Redis reply, or the exception a pipeline slot raised
 
 
 def apply_script() -> bytes:
-    """The text of ``apply.lua``, shipped as package data."""
-    return resources.files("publishers").joinpath("apply.lua").read_bytes()
+    """The text of ``lua/apply.lua``, shipped as package data."""
+    return scripts.APPLY.text
 
 
 @lru_cache(maxsize=4096)
@@ -176,8 +172,8 @@ class Applier:
         self.client, self.config, self.layout = manager.client, manager.config, manager.layout
         self.max_row_bytes = max_row_bytes
         self.max_changes_per_call = max(1, max_changes_per_call)
-        self.script = apply_script()
-        self.sha = hashlib.sha1(self.script).hexdigest()  # Redis names scripts by SHA-1
+        self.script = scripts.APPLY.text
+        self.sha = scripts.APPLY.sha
         self._known_pairs: set[tuple[str, str]] = set()
         self._known_sections: set[str] = set()
         config = manager.config
@@ -341,15 +337,13 @@ class Applier:
         return published > 0 and int(seq) == published
 
     async def _evalsha(self, calls: list[_Call]) -> list[Reply]:
-        """Send the calls in one round trip; re-load the script on NOSCRIPT
-        (a restarted or failed-over server). Raises on every failure that is
+        """Send the calls in one round trip; a NOSCRIPT (a restarted or
+        failed-over server) is handled by ``scripts.run_many``. Raises on every failure that is
         not a content failure; returns those in the call's slot."""
-        replies = await self._send(calls)
-        if any(map(redis_calls.is_noscript, replies)):
-            await self.load_script()
-            again = [i for i, r in enumerate(replies) if redis_calls.is_noscript(r)]
-            for i, reply in zip(again, await self._send([calls[i] for i in again]), strict=True):
-                replies[i] = reply
+        url = self.config.url
+        replies = await scripts.run_many(
+            self.client, scripts.APPLY, calls, url, send=self._send, keys_of=_keys
+        )
         for reply in replies:
             if isinstance(reply, BaseException) and not redis_calls.is_content_error(reply):
                 raise redis_calls.translate(reply, self.config.url)
@@ -361,11 +355,7 @@ class Applier:
         built); a cluster (whose pipelines refuse EVALSHA) gets concurrent
         calls, each routed to its node."""
         if isinstance(self.client, RedisCluster):
-            replies = await asyncio.gather(*(self._send_one(call) for call in calls), return_exceptions=True)
-            for reply in replies:
-                if isinstance(reply, CdcError):
-                    raise reply
-            return list(replies)
+            return await scripts.gathered([self._send_one(call) for call in calls])
         streamed: list[Reply] = await self.manager._call(self._stream(self.client.connection_pool, calls))
         return streamed
 
@@ -397,8 +387,10 @@ class Applier:
         return await redis_calls.reply_or_error(command, self.config.url)
 
     async def load_script(self) -> None:
-        """SCRIPT LOAD (on every primary of a cluster)."""
-        sha = await self.manager._call(self.client.script_load(self.script))
-        sha = sha.decode() if isinstance(sha, bytes) else str(sha)
-        if sha != self.sha:
-            raise CdcError(f"Redis named apply.lua {sha}, expected {self.sha}")
+        """SCRIPT LOAD (on every primary of a cluster), checking its SHA-1."""
+        await scripts.load(self.client, scripts.APPLY, self.config.url)
+
+
+def _keys(call: _Call) -> list[Any]:
+    """KEYS of a call: its first one names the cluster node to load the script on."""
+    return call.command[0]

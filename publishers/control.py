@@ -14,13 +14,14 @@ while Redis restarts.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from publishers import redis_calls
+from publishers import redis_calls, scripts
 from publishers.manager import DataManager
 from publishers.model import Finding
 
@@ -46,25 +47,8 @@ def _translated(
     return wrapper
 
 
-# The worker registry ``ns:@workers``: id -> when its heartbeat expires, in
-# Redis's own clock (TIME), so that sidecars with skewed clocks agree on who is
-# alive. Listing the live workers is one ZRANGEBYSCORE, not a SCAN of a
-# keyspace that holds every document (a round trip per thousand keys, every
-# lease round). Expired entries are dropped at every registration.
-_REGISTER = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. string.format('%d', now))
-if ARGV[2] == '0' then
-  return redis.call('ZREM', KEYS[1], ARGV[1])
-end
-return redis.call('ZADD', KEYS[1], string.format('%d', now + tonumber(ARGV[2])), ARGV[1])
-"""
-_LIVE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return redis.call('ZRANGEBYSCORE', KEYS[1], string.format('%d', now), '+inf')
-"""
+# The worker registry ``ns:@workers`` (lua/register_worker.lua,
+# lua/live_workers.lua): id -> when its heartbeat expires, in Redis's own clock.
 
 
 @_translated
@@ -74,7 +58,10 @@ async def live_workers(manager: DataManager) -> set[str]:
 
 
 async def _live_ids(manager: DataManager) -> set[str]:
-    return {_text(worker_id) for worker_id in await manager.client.eval(_LIVE, 1, manager.layout.workers())}
+    live = await scripts.run(
+        manager.client, scripts.LIVE_WORKERS, [manager.layout.workers()], [], manager.config.url
+    )
+    return {_text(worker_id) for worker_id in live}
 
 
 @_translated
@@ -102,7 +89,7 @@ async def workers(manager: DataManager) -> list[dict[str, str]]:
 async def remove_heartbeat(manager: DataManager, worker_id: str) -> None:
     """A worker that stops cleanly says so at once instead of letting its heartbeat expire."""
     await manager.client.delete(manager.layout.worker(worker_id))
-    await manager.client.eval(_REGISTER, 1, manager.layout.workers(), worker_id, "0")
+    await _register(manager, worker_id, "0")
 
 
 @_translated
@@ -116,11 +103,17 @@ async def keep_alive(manager: DataManager, worker_id: str, ttl: float) -> bool:
     dead one stops being counted when its leases run out, not a heartbeat TTL
     later: until then the survivors' fair share would leave its tables unowned."""
     ttl_ms = max(1, round(ttl * 1000))
-    pipe = manager.client.pipeline(transaction=False)
-    pipe.pexpire(manager.layout.worker(worker_id), ttl_ms)
-    pipe.eval(_REGISTER, 1, manager.layout.workers(), worker_id, str(ttl_ms))
-    alive, _ = await pipe.execute()
+    # Side by side, one round trip as the pipeline of EVALs was (a cluster's
+    # pipelines refuse EVALSHA); the two keys do not depend on each other.
+    expire = manager.client.pexpire(manager.layout.worker(worker_id), ttl_ms)
+    alive, _ = await asyncio.gather(expire, _register(manager, worker_id, str(ttl_ms)))
     return bool(alive)
+
+
+async def _register(manager: DataManager, worker_id: str, ttl_ms: str) -> None:
+    """Register the worker for ``ttl_ms`` more ms ("0": remove it)."""
+    keys, args = [manager.layout.workers()], [worker_id, ttl_ms]
+    await scripts.run(manager.client, scripts.REGISTER_WORKER, keys, args, manager.config.url)
 
 
 @_translated

@@ -12,23 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from publishers import scripts
+
 if TYPE_CHECKING:
     from publishers.manager import DataManager
 
 _SCAN_COUNT = 1000
 Reply = Any
-
-# The (1-based) positions of the documents (KEYS) whose @v is set and is not
-# ARGV[1]: a re-snapshot's sweep, in one call per index page instead of one
-# HGET per document (parsing 1,000 pipelined replies cost more than the sweep).
-STALE_SCRIPT = b"""#!lua flags=no-writes
-local out = {}
-for i = 1, #KEYS do
-  local v = redis.call('HGET', KEYS[i], '@v')
-  if v and v ~= ARGV[1] then out[#out + 1] = i end
-end
-return out
-"""
 
 
 class Documents:
@@ -73,7 +63,7 @@ class Documents:
             prefix = self.manager.layout.document_prefix(partition, section)
             async for keys in self._index_batches(partition, section):
                 documents = [prefix + key for key in keys]  # one partition: one slot on a cluster
-                script = self.manager.client.eval(STALE_SCRIPT, len(documents), *documents, wanted)  # type: ignore[arg-type]
+                script = scripts.run(self.manager.client, scripts.STALE_KEYS, documents, [wanted])
                 stale = await self.manager._call(script)
                 for position in stale:
                     yield partition, keys[int(position) - 1]

@@ -8,7 +8,7 @@ both on a cluster too). Every write the owner makes carries the token: the
 apply script and the checkpoint write refuse a token below the highest one
 they have seen for the table. An owner that was paused past its lease (GC,
 SIGSTOP, a slow disk) and wakes up after another sidecar took the table over
-therefore cannot write over the new owner's work; it learns that it lost the
+therefore cannot write over the new owner's work (lua/lease_*.lua); it learns that it lost the
 lease at its next renewal and stops that table.
 """
 
@@ -18,34 +18,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from publishers import redis_calls
+from publishers import redis_calls, scripts
 from publishers.manager import DataManager
-
-_ACQUIRE = """
-if redis.call('EXISTS', KEYS[2]) == 0 then
-  redis.call('SET', KEYS[2], ARGV[3])
-end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return redis.call('INCR', KEYS[2])
-end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return tonumber(redis.call('GET', KEYS[2]) or '0')
-end
-return false
-"""
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
 
 
 class Leases:
@@ -65,7 +39,8 @@ class Leases:
         # clock in ms, not from 0: tokens keep growing across a wipe, so a
         # sidecar still holding a pre-wipe token cannot lock the new owner out.
         seed = str(int(time.time() * 1000))
-        reply = await self._eval(_ACQUIRE, layout.lease(table), layout.lease_fence(table), extra=(seed,))
+        keys = [layout.lease(table), layout.lease_fence(table)]
+        reply = await self._eval(scripts.LEASE_ACQUIRE, keys, extra=(seed,))
         if reply is None:
             self.tokens.pop(table, None)
             return None
@@ -82,11 +57,12 @@ class Leases:
         not fifty)."""
         if not tables:
             return {}
-        layout = self.manager.layout
-        pipe = self.manager.client.pipeline(transaction=False)
-        for table in tables:
-            pipe.eval(_RENEW, 1, layout.lease(table), self.owner, self.ttl_ms)
-        replies = await redis_calls.call(pipe.execute(), self.manager.config.url)
+        layout, url = self.manager.layout, self.manager.config.url
+        calls = [([layout.lease(table)], [self.owner, self.ttl_ms]) for table in tables]
+        replies = await scripts.run_many(self.manager.client, scripts.LEASE_RENEW, calls, url)
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise redis_calls.translate(reply, url)
         renewed = {table: bool(reply) for table, reply in zip(tables, replies, strict=True)}
         for table, ours in renewed.items():
             if not ours:
@@ -95,7 +71,7 @@ class Leases:
 
     async def release(self, table: str) -> None:
         self.tokens.pop(table, None)
-        await self._eval(_RELEASE, self.manager.layout.lease(table))
+        await self._eval(scripts.LEASE_RELEASE, [self.manager.layout.lease(table)])
 
     async def holder(self, table: str) -> str | None:
         value = await redis_calls.call(
@@ -103,6 +79,7 @@ class Leases:
         )
         return None if value is None else (value.decode() if isinstance(value, bytes) else str(value))
 
-    async def _eval(self, script: str, *keys: str, extra: tuple[str, ...] = ()) -> Any:
-        command = self.manager.client.eval(script, len(keys), *keys, self.owner, self.ttl_ms, *extra)
-        return await redis_calls.call(command, self.manager.config.url)
+    async def _eval(self, script: scripts.Script, keys: list[str], extra: tuple[str, ...] = ()) -> Any:
+        """Every lease script gets the owner and the TTL, then ``extra``."""
+        args = [self.owner, self.ttl_ms, *extra]
+        return await scripts.run(self.manager.client, script, keys, args, self.manager.config.url)

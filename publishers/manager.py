@@ -2,7 +2,7 @@
 
 ``DataManager`` owns the client and the config and keeps its public methods;
 the work is done beside it: ``publishers.apply`` (the apply path's Python half,
-beside ``apply.lua``), ``publishers.documents`` (reading documents back). The
+beside ``lua/apply.lua``), ``publishers.documents`` (reading documents back). The
 dead letter, checkpoints and heartbeats are small enough to stay here.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, Literal
 import orjson
 from redis.typing import EncodableT, FieldT
 
-from publishers import connection, redis_calls
+from publishers import connection, redis_calls, scripts
 from publishers.apply import (
     MAX_CALL_BYTES,
     MAX_CHANGES_PER_CALL,
@@ -42,18 +42,6 @@ __all__ = [
 ]
 
 DEAD_LETTER_MAX_LEN = 100_000
-# The checkpoint hash keeps the highest fencing token that wrote it (field
-# "fence"); a lower token is refused. Tokens are decimal strings compared by
-# length then bytes, like versions (no tonumber).
-_FENCED_CHECKPOINT = """
-local seen = redis.call('HGET', KEYS[1], 'fence') or '0'
-local mine = ARGV[4]
-if #seen > #mine or (#seen == #mine and seen > mine) then
-  return redis.error_reply('FENCED checkpoint token ' .. mine .. ' is below ' .. seen)
-end
-redis.call('HSET', KEYS[1], 'version', ARGV[1], 'updated_at', ARGV[2], 'state', ARGV[3], 'fence', mine)
-return 1
-"""
 
 
 class DataManager:
@@ -203,7 +191,7 @@ class DataManager:
         if fence:
             args = (str(version), timestamp(now), state, str(fence))
             try:
-                await self._call(self.client.eval(_FENCED_CHECKPOINT, 1, key, *args))
+                await scripts.run(self.client, scripts.FENCED_CHECKPOINT, [key], args, self.config.url)
             except LeaseLost as lost:
                 raise LeaseLost(f"{table}: {lost}") from None
             return

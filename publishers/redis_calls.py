@@ -29,6 +29,8 @@ SOCKET_TIMEOUT = 60.0  # above any script call and any XREAD BLOCK we issue
 
 # What a Redis command can raise: redis-py's errors and the socket's own.
 REDIS_ERRORS: tuple[type[BaseException], ...] = (rex.RedisError, rex.RedisClusterException, OSError)
+# What the server answered a command with (a pipeline slot holds these).
+_ERROR_REPLIES: tuple[type[BaseException], ...] = (rex.ResponseError, rex.ClusterError)
 _URL_ERRORS: tuple[type[BaseException], ...] = (ValueError, *REDIS_ERRORS)  # from_url's refusals
 
 _TRANSIENT_TYPES: tuple[type[BaseException], ...] = (
@@ -63,7 +65,7 @@ async def reply_or_error(awaitable: Awaitable[Any], url: str = "") -> Any:
     command alone, as a pipeline slot holds it); other failures are mapped."""
     try:
         return await finish(awaitable)
-    except (rex.ResponseError, rex.ClusterError) as exc:
+    except _ERROR_REPLIES as exc:
         return exc
     except REDIS_ERRORS as exc:
         raise translate(exc, url) from None
@@ -156,6 +158,12 @@ def is_content_error(error: BaseException) -> bool:
 def is_fenced(reply: Any) -> bool:
     """A script refused a stale lease owner's write (before writing anything)."""
     return isinstance(reply, rex.ResponseError) and str(reply).startswith("FENCED")
+
+
+def is_error_reply(reply: Any) -> bool:
+    """The server refused this command alone (what ``reply_or_error`` returns
+    rather than raises)."""
+    return isinstance(reply, _ERROR_REPLIES)
 
 
 def is_noscript(reply: Any) -> bool:

@@ -42,7 +42,7 @@ from jsonpatch import JsonPatchException
 from jsonpointer import JsonPointerException
 from tenacity import AsyncRetrying, retry_if_exception_type
 
-from publishers import connection, redis_calls
+from publishers import connection, redis_calls, scripts
 from publishers.connection import RedisClient
 from publishers.documents import decode_document
 from publishers.errors import CdcError, TransientError
@@ -53,25 +53,6 @@ from publishers.settings import RedisConfig
 
 Replica = dict[str, dict[str, Document]]
 
-# KEYS: @seq, @stream, then the sections' indexes. Returns {seq, the message
-# at seq (or nil), {key, hash, key, hash, ...} per section}. It reads document
-# keys named by the index, which it cannot declare in advance; they share the
-# partition's {p} hash tag, so on a cluster they live in the slot of KEYS.
-LOAD_SCRIPT = b"""#!lua flags=no-writes
-local seq = redis.call('GET', KEYS[1]) or '0'
-local entry = redis.call('XRANGE', KEYS[2], seq .. '-0', seq .. '-0')[1]
-local out = {seq, entry and entry[2][2] or false}
-for s = 3, #KEYS do
-  local members = redis.call('SMEMBERS', KEYS[s])
-  local docs = {}
-  for i = 1, #members do
-    docs[2 * i - 1] = members[i]
-    docs[2 * i] = redis.call('HGETALL', ARGV[s - 2] .. members[i])
-  end
-  out[s] = docs
-end
-return out
-"""
 RETRY_WAIT = equal_jitter(0.1, 2.0)  # between attempts while Redis is unavailable: 0.05-0.1 s ... 1-2 s
 
 _SCAN_COUNT = 10_000
@@ -294,7 +275,8 @@ class Subscriber:
         p = self.partition
         keys = [self.layout.seq(p), self._stream, *(self.layout.index(p, s) for s in sections)]
         args = [self.layout.document_prefix(p, s) for s in sections]
-        reply = await self._redis(self.client.eval(LOAD_SCRIPT, len(keys), *keys, *args))  # type: ignore[arg-type]
+        url = self._config.url if self._config else ""
+        reply = await self._redis(scripts.run(self.client, scripts.LOAD_PARTITION, keys, args, url))
         replica: Replica = {}
         for section, flat in zip(sections, reply[2:], strict=True):
             docs = replica.setdefault(section, {})

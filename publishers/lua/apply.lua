@@ -1,7 +1,12 @@
 #!lua
 --[[
 cdc-sync apply: one bounded batch of changes for ONE partition, atomically.
-See docs/REDIS.md ("The apply script") and publishers/manager.py (_Call).
+See docs/REDIS.md ("The apply script") and publishers/apply.py (_CallBuilder).
+
+Atomic because the apply rule (DESIGN.md section 4) reads and writes
+together: the @v check, the document write, @seq, the stream entry and the
+message must not interleave with another call, or @seq would gap or a stale
+version win. All KEYS share the {p} hash tag: one slot on a cluster.
 
 KEYS[1]          ns:{p}:@seq
 KEYS[2]          ns:{p}:@stream
