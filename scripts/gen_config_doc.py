@@ -1,7 +1,7 @@
 """Render docs/CONFIG.md, the config file reference, from schemas/config.schema.json.
 
 The schema is the one source of truth for what the file may hold; this page is
-derived from it, and tests/test_config.py fails when the two disagree.
+derived from it, and tests/cdc/test_config.py fails when the two disagree.
 
     python scripts/gen_config_doc.py          # rewrite docs/CONFIG.md
     python scripts/gen_config_doc.py --check  # exit 1 if docs/CONFIG.md is out of date

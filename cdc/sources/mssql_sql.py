@@ -6,7 +6,7 @@ and always quoted with brackets (``]`` doubled). Values (versions, keys, page
 sizes, names handed to OBJECT_ID/COLUMNPROPERTY) are always ``?`` parameters:
 a ``Statement`` carries its text and its parameters together, in the order
 the placeholders appear. Every statement here is parsed by sqlglot's T-SQL
-dialect in tests/test_mssql_sql.py.
+dialect in tests/cdc/sources/test_mssql_sql.py.
 
 The statements of one poll, in one SNAPSHOT transaction (SQLSERVER.md)::
 

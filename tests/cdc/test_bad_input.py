@@ -2,8 +2,8 @@
 nothing. Config errors exit 2 naming the file, line and field (or the table
 and column); values that cannot be mirrored go to the dead letter with their
 table, key and reason while the rest keeps flowing; a Redis out of memory is
-waited out. Config-file cases already in tests/test_config.py and
-tests/test_cli.py are not repeated here.
+waited out. Config-file cases already in tests/cdc/test_config.py and
+tests/cdc/test_cli.py are not repeated here.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the documents equal the rows, a subscriber that followed a partition across
 the fault holds a replica equal to them, every partition's seq is gap-free,
 and no document's version ever went backwards. The two outages last
 ``CDC_TEST_OUTAGE_SECONDS`` (default 30). Two sidecars racing for the tables
-with one of them frozen past its lease is in ``tests/test_sidecars.py``.
+with one of them frozen past its lease is in ``tests/cdc/test_sidecars.py``.
 """
 
 from __future__ import annotations

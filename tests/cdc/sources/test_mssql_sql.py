@@ -14,7 +14,7 @@
   the change and snapshot queries (translated by sqlglot) on sqlite with a
   ``ct_src`` table standing in for CHANGETABLE: that checks the query's logic
   (LEFT JOIN, keyset pages, ``<= upto``), never SQL Server's behaviour, which
-  only tests/test_mssql_live.py can show.
+  only tests/cdc/sources/test_mssql_live.py can show.
 """
 
 from __future__ import annotations
