@@ -22,6 +22,7 @@ servers:
 lint: install
 	$(BIN)/ruff check cdc publishers tests bench
 	$(BIN)/ruff format --check cdc publishers tests bench
+	$(BIN)/python scripts/code_shape.py
 
 typecheck: install
 	$(BIN)/mypy

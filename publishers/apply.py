@@ -28,11 +28,11 @@ Redis call.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property, lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from redis import exceptions as rex
@@ -40,11 +40,14 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import ConnectionPool
 
 from publishers import redis_calls, scripts
+from publishers.connection import RedisClient
 from publishers.layout import Layout
 from publishers.model import ApplyResult, Change, timestamp
+from publishers.settings import RedisConfig
 
-if TYPE_CHECKING:
-    from publishers.manager import DataManager
+# What the applier does with a change it cannot apply: the dead letter, with the reason.
+Reject = Callable[[Change, str, ApplyResult], Awaitable[None]]
+
 
 MAX_CHANGES_PER_CALL = 1000
 MAX_CALL_BYTES = 8 << 20  # values per script call: bounds the time Redis is busy
@@ -163,20 +166,29 @@ class _CallBuilder:
 
 
 class Applier:
-    """Applies batches for one ``DataManager`` (its client, config, layout and
-    dead letter); keeps the script's SHA and the (section, partition) pairs
+    """Applies batches to one Redis (``client``, its ``config`` and key
+    ``layout``), sending what cannot be applied to ``reject`` (the dead
+    letter); keeps the script's SHA and the (section, partition) pairs
     already registered."""
 
-    def __init__(self, manager: DataManager, *, max_row_bytes: int, max_changes_per_call: int) -> None:
-        self.manager = manager
-        self.client, self.config, self.layout = manager.client, manager.config, manager.layout
+    def __init__(
+        self,
+        client: RedisClient,
+        config: RedisConfig,
+        layout: Layout,
+        *,
+        reject: Reject,
+        max_row_bytes: int,
+        max_changes_per_call: int,
+    ) -> None:
+        self.client, self.config, self.layout = client, config, layout
+        self._reject = reject
         self.max_row_bytes = max_row_bytes
         self.max_changes_per_call = max(1, max_changes_per_call)
         self.script = scripts.APPLY.text
         self.sha = scripts.APPLY.sha
         self._known_pairs: set[tuple[str, str]] = set()
         self._known_sections: set[str] = set()
-        config = manager.config
         self._header = (
             str(config.stream_max_len),
             str(max(1, round(config.tombstone_ttl * 1000))),
@@ -193,7 +205,7 @@ class Applier:
         for change in changes:
             problem, size = self._admit(change)
             if problem is not None:
-                await self.manager._reject(change, problem, result)
+                await self._reject(change, problem, result)
             else:
                 by_partition.setdefault(change.partition, []).append((change, size))
         if not by_partition:
@@ -256,7 +268,7 @@ class Applier:
         pipe = self.client.pipeline(transaction=False)
         for section, partitions in missing.items():
             pipe.sadd(self.layout.partitions(section), *sorted(partitions))
-        await self.manager._execute_pipeline(pipe)
+        await redis_calls.execute(pipe, self.config.url)
         if len(self._known_pairs) > _KNOWN_PAIRS_LIMIT:
             self._known_pairs.clear()
         registered = {(s, p) for s, ps in missing.items() for p in ps}
@@ -310,7 +322,7 @@ class Applier:
         counted as stale rather than applied.
         """
         if len(changes) == 1:
-            await self.manager._reject(changes[0], redis_calls.redis_message(error), result)
+            await self._reject(changes[0], redis_calls.redis_message(error), result)
             return
         middle = len(changes) // 2
         for half in (changes[:middle], changes[middle:]):
@@ -356,7 +368,9 @@ class Applier:
         calls, each routed to its node."""
         if isinstance(self.client, RedisCluster):
             return await scripts.gathered([self._send_one(call) for call in calls])
-        streamed: list[Reply] = await self.manager._call(self._stream(self.client.connection_pool, calls))
+        streamed: list[Reply] = await redis_calls.call(
+            self._stream(self.client.connection_pool, calls), self.config.url
+        )
         return streamed
 
     async def _stream(self, pool: ConnectionPool, calls: list[_Call]) -> list[Reply]:

@@ -8,30 +8,30 @@ use them, the daemon only for the re-snapshot sweep.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
-from publishers import scripts
-
-if TYPE_CHECKING:
-    from publishers.manager import DataManager
+from publishers import redis_calls, scripts
+from publishers.connection import RedisClient
+from publishers.layout import Layout
 
 _SCAN_COUNT = 1000
 Reply = Any
 
 
 class Documents:
-    """The document reads of one ``DataManager``."""
+    """The document reads of one Redis (``client``, key ``layout``; ``url`` for messages)."""
 
-    def __init__(self, manager: DataManager) -> None:
-        self.manager = manager
+    def __init__(self, client: RedisClient, layout: Layout, url: str) -> None:
+        self.client, self.layout, self.url = client, layout, url
+
+    async def _call(self, awaitable: Any) -> Any:
+        return await redis_calls.call(awaitable, self.url)
 
     async def document(self, partition: str, section: str, key: str) -> dict[str, Any] | None:
         """A live document, values decoded; None when absent or deleted."""
-        raw = await self.manager._call(
-            self.manager.client.hgetall(self.manager.layout.document(partition, section, key))
-        )
+        raw = await self._call(self.client.hgetall(self.layout.document(partition, section, key)))
         return decode_document(raw)
 
     async def documents(self, partition: str, section: str) -> dict[str, dict[str, Any]]:
@@ -39,7 +39,7 @@ class Documents:
         tests and tools; the subscriber loads consistently)."""
         out: dict[str, dict[str, Any]] = {}
         async for keys in self._index_batches(partition, section):
-            prefix = self.manager.layout.document_prefix(partition, section)
+            prefix = self.layout.document_prefix(partition, section)
             replies = await self._pipelined("hgetall", [prefix + k for k in keys])
             for key, raw in zip(keys, replies, strict=True):
                 doc = decode_document(raw)
@@ -49,9 +49,7 @@ class Documents:
 
     async def partitions(self, section: str) -> set[str]:
         """The partition values ``section`` has written."""
-        members = await self.manager._call(
-            self.manager.client.smembers(self.manager.layout.partitions(section))
-        )
+        members = await self._call(self.client.smembers(self.layout.partitions(section)))
         return {_text(m) for m in members}
 
     async def stale_keys(self, section: str, version: int) -> AsyncIterator[tuple[str, str]]:
@@ -60,22 +58,20 @@ class Documents:
         from the source and the daemon deletes them."""
         wanted = str(version)
         for partition in sorted(await self.partitions(section)):
-            prefix = self.manager.layout.document_prefix(partition, section)
+            prefix = self.layout.document_prefix(partition, section)
             async for keys in self._index_batches(partition, section):
                 documents = [prefix + key for key in keys]  # one partition: one slot on a cluster
-                script = scripts.run(self.manager.client, scripts.STALE_KEYS, documents, [wanted])
-                stale = await self.manager._call(script)
+                script = scripts.run(self.client, scripts.STALE_KEYS, documents, [wanted])
+                stale = await self._call(script)
                 for position in stale:
                     yield partition, keys[int(position) - 1]
 
     async def _index_batches(self, partition: str, section: str) -> AsyncIterator[list[str]]:
         """The section's index, SSCAN page by page (never one huge SMEMBERS)."""
-        index = self.manager.layout.index(partition, section)
+        index = self.layout.index(partition, section)
         cursor: int = 0
         while True:
-            cursor, members = await self.manager._call(
-                self.manager.client.sscan(index, cursor, count=_SCAN_COUNT)
-            )
+            cursor, members = await self._call(self.client.sscan(index, cursor, count=_SCAN_COUNT))
             if members:
                 yield [_text(m) for m in members]
             if int(cursor) == 0:
@@ -83,10 +79,10 @@ class Documents:
 
     async def _pipelined(self, method: str, keys: Iterable[str], *args: Any) -> list[Reply]:
         """``method(key, *args)`` for every key, in one round trip."""
-        pipe = self.manager.client.pipeline(transaction=False)
+        pipe = self.client.pipeline(transaction=False)
         for key in keys:
             getattr(pipe, method)(key, *args)
-        return await self.manager._execute_pipeline(pipe)
+        return await redis_calls.execute(pipe, self.url)
 
 
 def decode_document(raw: Mapping[Any, Any] | None) -> dict[str, Any] | None:

@@ -21,7 +21,6 @@ from publishers.apply import (
     MAX_CHANGES_PER_CALL,
     MAX_ROW_BYTES,
     Applier,
-    Reply,
     apply_script,
 )
 from publishers.connection import RedisClient
@@ -62,8 +61,15 @@ class DataManager:
         self.max_row_bytes = max_row_bytes
         self.max_changes_per_call = max(1, max_changes_per_call)
         self._owns_client = owns_client
-        self._applier = Applier(self, max_row_bytes=max_row_bytes, max_changes_per_call=max_changes_per_call)
-        self._documents = Documents(self)
+        self._applier = Applier(
+            client,
+            config,
+            self.layout,
+            reject=self._reject,
+            max_row_bytes=max_row_bytes,
+            max_changes_per_call=max_changes_per_call,
+        )
+        self._documents = Documents(client, self.layout, config.url)
 
     @classmethod
     async def connect(
@@ -211,7 +217,7 @@ class DataManager:
         if mapping:
             pipe.hset(key, mapping=mapping)
         pipe.pexpire(key, max(1, round(ttl * 1000)))
-        await self._execute_pipeline(pipe)
+        await redis_calls.execute(pipe, self.config.url)
 
     # -- reading documents (publishers.documents) --------------------------------
 
@@ -230,10 +236,6 @@ class DataManager:
     def stale_keys(self, section: str, version: int) -> AsyncIterator[tuple[str, str]]:
         """(partition, key) of the section's live documents whose ``@v`` is not ``version``."""
         return self._documents.stale_keys(section, version)
-
-    async def _execute_pipeline(self, pipe: Any, *, raise_on_error: bool = True) -> list[Reply]:
-        replies: list[Reply] = await self._call(pipe.execute(raise_on_error=raise_on_error))
-        return replies
 
     async def _call(self, awaitable: Any) -> Any:
         """Await one command (never abandoned half-way), mapping its errors."""

@@ -60,6 +60,12 @@ async def call(awaitable: Awaitable[T], url: str = "", *, grace: float = SOCKET_
         raise translate(exc, url) from None
 
 
+async def execute(pipe: Any, url: str = "", *, raise_on_error: bool = True) -> list[Any]:
+    """Run a pipeline (never abandoned half-way), mapping its errors."""
+    replies: list[Any] = await call(pipe.execute(raise_on_error=raise_on_error), url)
+    return replies
+
+
 async def reply_or_error(awaitable: Awaitable[Any], url: str = "") -> Any:
     """The reply, or the error the server answered with (a failure of this
     command alone, as a pipeline slot holds it); other failures are mapped."""

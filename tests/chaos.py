@@ -142,7 +142,7 @@ class Proxy:
 
     def hold(self, at: bytes | None = None) -> None:
         """Hold from now on, or (``at``) from the first data carrying ``at`` on,
-        e.g. ``b"EVALSHA"``: the next apply call and all after it."""
+        e.g. the apply script's SHA: the next apply call and all after it."""
         self.delayed.clear()
         if at is None:
             self._flowing.clear()

@@ -19,7 +19,7 @@ from cdc.config import Config, RedisConfig, parse_config
 from cdc.errors import LeaseLost
 from cdc.pipeline import Pipeline
 from cdc.tracker import ChangeTracker
-from publishers import control
+from publishers import control, scripts
 from publishers.layout import Layout
 from publishers.leases import Leases
 from publishers.manager import DataManager
@@ -44,6 +44,7 @@ from tests.e2e import (
     write_config,
 )
 
+APPLY_SHA = scripts.APPLY.sha.encode()
 LEASE_TTL = 2.0  # seconds; renewed every LEASE_TTL / 3
 
 
@@ -180,8 +181,10 @@ async def test_a_frozen_owner_is_fenced_when_it_wakes(
             frozen, other, link = sidecars[index], sidecars[1 - index], proxies[index]
             refused, lost = refusals(frozen), lease_losses(frozen)
             await wait_published_more(redis_client, namespace, await published(redis_client, namespace), 30)
-            link.hold(at=b"EVALSHA")  # its next apply call, and all after it, is delayed...
-            await wait_for(lambda p=link: _true(b"EVALSHA" in p.delayed), 30, "an apply call on the way")
+            # Its next apply call (the apply script's SHA: lease renewals are
+            # EVALSHA calls too), and all after it, is delayed...
+            link.hold(at=APPLY_SHA)
+            await wait_for(lambda p=link: _true(APPLY_SHA in p.delayed), 30, "an apply call on the way")
             frozen.freeze()  # ...and it is frozen with a batch on the way
             await wait_for(lambda o=other: owned_by(o, 2), 30, "the live sidecar to take every table")
             seq = int(await redis_client.get(Layout(namespace).seq("orders")) or 0)
