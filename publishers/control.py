@@ -29,10 +29,6 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _translated(
     fn: Callable[Concatenate[DataManager, P], Coroutine[Any, Any, T]],
 ) -> Callable[Concatenate[DataManager, P], Coroutine[Any, Any, T]]:
@@ -61,7 +57,7 @@ async def _live_ids(manager: DataManager) -> set[str]:
     live = await scripts.run(
         manager.client, scripts.LIVE_WORKERS, [manager.layout.workers()], [], manager.config.url
     )
-    return {_text(worker_id) for worker_id in live}
+    return {redis_calls.text(worker_id) for worker_id in live}
 
 
 @_translated
@@ -75,7 +71,7 @@ async def workers(manager: DataManager) -> list[dict[str, str]]:
         pipe.hgetall(manager.layout.worker(worker_id))
     out = []
     for worker_id, heartbeat in zip(ids, await pipe.execute(), strict=True):
-        fields = {_text(k): _text(v) for k, v in heartbeat.items()}
+        fields = {redis_calls.text(k): redis_calls.text(v) for k, v in heartbeat.items()}
         if not fields:
             continue  # registered, but its heartbeat is gone (expired a moment ago)
         fields["id"] = worker_id
@@ -128,7 +124,7 @@ async def table_owners(manager: DataManager, tables: list[str]) -> dict[str, str
     for table in tables:
         holder = await manager.client.get(manager.layout.lease(table))
         if holder is not None:
-            owners[table] = _text(holder)
+            owners[table] = redis_calls.text(holder)
     return owners
 
 
@@ -147,7 +143,7 @@ async def epoch(manager: DataManager) -> str:
     if current is None:
         await manager.client.set(key, uuid.uuid4().hex, nx=True)
         current = await manager.client.get(key)
-    return _text(current)
+    return redis_calls.text(current)
 
 
 @_translated
@@ -188,7 +184,7 @@ async def snapshot_progress(manager: DataManager, table: str) -> dict[str, str] 
     raw = await manager.client.hmget(
         manager.layout.checkpoint(table), ["state", "snapshot_rows", "snapshot_total"]
     )
-    state, rows, total = (None if v is None else _text(v) for v in raw)
+    state, rows, total = (None if v is None else redis_calls.text(v) for v in raw)
     if state != "snapshotting" or rows is None:
         return None
     return {"rows": rows, "total": total or "?"}
@@ -199,10 +195,10 @@ async def doctor(manager: DataManager) -> list[Finding]:
     """What will go wrong on the Redis side: eviction, memory, version."""
     findings = []
     info = await manager.client.info("server")
-    version = _text(info.get("redis_version", "?")) if isinstance(info, dict) else "?"
+    version = redis_calls.text(info.get("redis_version", "?")) if isinstance(info, dict) else "?"
     findings.append(Finding("ok", "redis", f"Redis {version} reachable"))
     policy = await manager.client.config_get("maxmemory-policy")
-    value = _text(next(iter(policy.values()), "noeviction")) if policy else "noeviction"
+    value = redis_calls.text(next(iter(policy.values()), "noeviction")) if policy else "noeviction"
     if value != "noeviction":
         findings.append(
             Finding(

@@ -50,7 +50,7 @@ class Documents:
     async def partitions(self, section: str) -> set[str]:
         """The partition values ``section`` has written."""
         members = await self._call(self.client.smembers(self.layout.partitions(section)))
-        return {_text(m) for m in members}
+        return {redis_calls.text(m) for m in members}
 
     async def stale_keys(self, section: str, version: int) -> AsyncIterator[tuple[str, str]]:
         """(partition, key) of the section's live documents whose ``@v`` is not
@@ -73,7 +73,7 @@ class Documents:
         while True:
             cursor, members = await self._call(self.client.sscan(index, cursor, count=_SCAN_COUNT))
             if members:
-                yield [_text(m) for m in members]
+                yield [redis_calls.text(m) for m in members]
             if int(cursor) == 0:
                 return
 
@@ -89,11 +89,7 @@ def decode_document(raw: Mapping[Any, Any] | None) -> dict[str, Any] | None:
     """Column values of a stored hash, JSON-decoded; None for none or a tombstone."""
     if not raw:
         return None
-    fields = {_text(k): v for k, v in raw.items()}
+    fields = {redis_calls.text(k): v for k, v in raw.items()}
     if "@del" in fields:
         return None
     return {name: orjson.loads(value) for name, value in fields.items() if not name.startswith("@")}
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

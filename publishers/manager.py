@@ -162,8 +162,8 @@ class DataManager:
         entries = await self._call(self.client.xrevrange(self.layout.deadletter(), count=count))
         out = []
         for entry_id, fields in reversed(entries):
-            item = {_text(k): _text(v) for k, v in fields.items()}
-            item["id"] = _text(entry_id)
+            item = {redis_calls.text(k): redis_calls.text(v) for k, v in fields.items()}
+            item["id"] = redis_calls.text(entry_id)
             out.append(item)
         return out
 
@@ -173,7 +173,7 @@ class DataManager:
         raw = await self._call(self.client.hgetall(self.layout.checkpoint(table)))
         if not raw:
             return None
-        fields = {_text(k): _text(v) for k, v in raw.items()}
+        fields = {redis_calls.text(k): redis_calls.text(v) for k, v in raw.items()}
         state: Literal["snapshotting", "streaming"] = (
             "snapshotting" if fields.get("state") == "snapshotting" else "streaming"
         )
@@ -240,10 +240,6 @@ class DataManager:
     async def _call(self, awaitable: Any) -> Any:
         """Await one command (never abandoned half-way), mapping its errors."""
         return await redis_calls.call(awaitable, self.config.url)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _field_value(value: Any) -> EncodableT:

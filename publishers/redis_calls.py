@@ -60,6 +60,11 @@ async def call(awaitable: Awaitable[T], url: str = "", *, grace: float = SOCKET_
         raise translate(exc, url) from None
 
 
+def text(value: Any) -> str:
+    """A reply value as text (redis-py gives bytes unless decode_responses)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 async def execute(pipe: Any, url: str = "", *, raise_on_error: bool = True) -> list[Any]:
     """Run a pipeline (never abandoned half-way), mapping its errors."""
     replies: list[Any] = await call(pipe.execute(raise_on_error=raise_on_error), url)

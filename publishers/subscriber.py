@@ -283,7 +283,7 @@ class Subscriber:
             for i in range(0, len(flat), 2):
                 document = decode_document(_pairs(flat[i + 1]))
                 if document is not None:
-                    docs[_text(flat[i])] = document
+                    docs[redis_calls.text(flat[i])] = document
         last = reply[1]
         return (
             int(reply[0]),
@@ -409,7 +409,7 @@ def _entries(reply: Any) -> list[tuple[int, bytes]]:
 
 async def _scan(client: RedisClient, pattern: str) -> list[str]:
     """Every key matching ``pattern`` (SCAN, page by page)."""
-    return [_text(k) async for k in client.scan_iter(match=pattern, count=_SCAN_COUNT)]
+    return [redis_calls.text(k) async for k in client.scan_iter(match=pattern, count=_SCAN_COUNT)]
 
 
 def _field(fields: Any) -> bytes:
@@ -419,7 +419,3 @@ def _field(fields: Any) -> bytes:
 
 def _pairs(flat: Any) -> dict[Any, Any]:
     return dict(zip(flat[::2], flat[1::2], strict=True)) if isinstance(flat, list) else dict(flat)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
