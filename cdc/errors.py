@@ -18,6 +18,8 @@ as the very same classes::
     │   └── SchemaError            2  no primary key, unknown column, changed schema
     │       └── UnsupportedType    2  a column type with no JSON mapping
     ├── PoisonChange *             1  one change cannot be applied: dead letter it
+    ├── ApplyBlocked               1  a table's changes were not applied: a key of their
+    │                                 partition is damaged (the table is degraded)
     └── LeaseLost *                1  another sidecar owns the table now (fencing)
 
 ``TransientError`` is the only branch that the retry loops (tenacity) retry.
@@ -35,6 +37,7 @@ from publishers.errors import (
 )
 
 __all__ = [
+    "ApplyBlocked",
     "CdcError",
     "ConfigError",
     "ConnectError",
@@ -92,3 +95,10 @@ class SchemaError(SourceError):
 
 class UnsupportedType(SchemaError):
     """A column type that cdc-sync cannot map to JSON."""
+
+
+class ApplyBlocked(CdcError):
+    """Changes of a table were not applied because a shared key of their
+    partition is damaged (``CDCLAYOUT``) or not writable (``NOPERM``): the
+    table is degraded, and reads its changes again from its checkpoint until
+    the key is repaired. Nothing is dead-lettered: the changes are fine."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from cdc.config import TableConfig
@@ -54,6 +54,16 @@ class TableInfo:
     name: str
     primary_key: tuple[str, ...]
     columns: tuple[Column, ...]  # the published columns, primary key first
+    # The table object's id at the source (PostgreSQL oid, SQL Server
+    # object_id): a table dropped and created again under the same name gets
+    # a new one, and its documents must be snapshotted again.
+    identity: str = ""
+    # The table's shape as ``describe`` saw it, read before the catalog (see
+    # ``ChangeSource.fingerprints``): not part of equality.
+    fingerprint: str = field(default="", compare=False)
+    # Columns left out of the documents, with why (names starting with @ are
+    # reserved): ``describe`` logs them, ``cdc validate`` prints them.
+    left_out: tuple[str, ...] = field(default=(), compare=False)
 
     @functools.cached_property
     def column_names(self) -> tuple[str, ...]:
@@ -134,6 +144,12 @@ class SnapshotPage:
 
 @dataclass(frozen=True)
 class TrackingStatus:
+    """A table's change tracking. ``min_valid_version`` is None when changes
+    are not captured at all (not enabled, the table gone, PostgreSQL: its
+    capture trigger dropped or disabled): the table cannot be followed.
+    ``enabled`` False with a ``min_valid_version``: set up, but impaired
+    (``detail`` says how); changes are still captured."""
+
     table: str
     enabled: bool
     min_valid_version: int | None = None
@@ -154,6 +170,17 @@ class ChangeSource(Protocol):
 
         Raises SchemaError (no primary key, unknown column), UnsupportedType,
         TrackingNotEnabled."""
+        ...
+
+    async def fingerprints(self, tables: Sequence[TableConfig]) -> dict[str, str | None]:
+        """Each table's shape now, as an opaque text, in one round trip:
+        ``table_config.table`` -> fingerprint, None when there is no such
+        table. It changes whenever the table is dropped and created again
+        or renamed, a column is added, dropped, renamed or retyped, the
+        primary key changes, or its change tracking is turned off or on (or,
+        PostgreSQL, its capture triggers are dropped or disabled). The tracker
+        compares it with ``TableInfo.fingerprint`` and describes the table
+        again when they differ."""
         ...
 
     async def current_version(self) -> int:
