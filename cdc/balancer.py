@@ -8,8 +8,11 @@ One ``round()`` (the daemon runs one every ``lease_ttl / 3``)::
     renew leases           a lease lost stops its tracker at once
     place tables           the policy takes free tables and gives some back
 
-``reap()`` collects trackers that ended: caught up (``TakeAll``), or failed
-for good (raised, so that the sidecar exits 1). The policy is chosen once:
+``reap()`` collects trackers that ended: caught up (``TakeAll``), their lease
+lost, or (``TakeAll`` only: ``cdc run --once`` fails fast) failed, raised so
+that the sidecar exits with the error's code. Under ``FairShare`` a table's
+failure never ends its tracker: it is degraded and retries. The policy is
+chosen once:
 
     FairShare   ``cdc run``: hold ceil(tables / live sidecars) tables and
                 give back the rest, so that sidecars spread the tables
@@ -104,6 +107,7 @@ class Balancer:
         self._register = register  # writes this sidecar's heartbeat whole
         self.running: dict[str, asyncio.Task[None]] = {}  # table -> its tracker, while we hold its lease
         self.done: set[str] = set()  # tables finished (TakeAll) or skipped
+        self.last_round = time.monotonic()  # when a round was last tried (liveness)
         self._leases: Leases | None = None
         self._epoch = ""
 
@@ -131,6 +135,7 @@ class Balancer:
     # -- one round ----------------------------------------------------------------
 
     async def round(self) -> None:
+        self.last_round = time.monotonic()
         await self._check_epoch()
         await self._stay_registered()
         await self._forward_snapshot_requests()
@@ -202,7 +207,7 @@ class Balancer:
         log.info("table given back for balance", extra={"table": table})
 
     def reap(self) -> None:
-        """Collect finished trackers: caught up (TakeAll), or failed for good."""
+        """Collect finished trackers: caught up (TakeAll), lease lost, or failed (TakeAll)."""
         for table, task in list(self.running.items()):
             if not task.done():
                 continue

@@ -60,6 +60,11 @@ class CheckpointLine:
         self._reads.clear()
         self.applied = self.persisted = version
 
+    def forget_reads(self) -> None:
+        """Forget the reads not yet passed: after a failed step the tracker
+        reads again from ``applied`` (what was applied and persisted stays)."""
+        self._reads.clear()
+
     def register(self, ticket: Ticket) -> None:
         """A read is complete (sealed, its version final): it joins the line."""
         self._reads.append((ticket, self._clock()))

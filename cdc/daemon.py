@@ -33,7 +33,7 @@ from tenacity import AsyncRetrying, RetryCallState, RetryError, retry_if_excepti
 
 from cdc.balancer import Balancer, FairShare, Policy, TakeAll
 from cdc.config import Config
-from cdc.errors import TransientError
+from cdc.errors import CdcError, TransientError
 from cdc.health import HealthServer
 from cdc.observers import Observer
 from cdc.pipeline import Pipeline
@@ -44,6 +44,10 @@ from publishers.manager import DataManager
 log = logging.getLogger("cdc.daemon")
 
 SHUTDOWN_TIMEOUT = 30.0  # seconds the ordered shutdown may take before giving up
+# Seconds between two checks of the owned tables' shapes at the source (one
+# catalog query for all of them: ~1 ms on PostgreSQL): an added column, or a
+# table dropped and created again, reaches the documents within seconds.
+SHAPE_CHECK_INTERVAL = 2.0
 
 
 class Daemon:
@@ -79,13 +83,15 @@ class Daemon:
     async def run(self, once: bool = False) -> None:
         """startup(), main_loop(), shutdown(): what ``cdc run`` does."""
         try:
-            await self.startup()
+            await self.startup(strict=once)
             await self.main_loop(once=once)
         finally:
             await self.shutdown()
 
-    async def startup(self) -> None:
-        await self.pipeline.open()
+    async def startup(self, *, strict: bool = False) -> None:
+        """``strict`` (``--once``): a table that cannot be followed fails the
+        start-up; otherwise it starts degraded (``Pipeline.open``)."""
+        await self.pipeline.open(strict=strict)
         self.metrics.up.labels("source").set(1)
         self.metrics.up.labels("redis").set(1)
         await self.balancer.start()
@@ -238,6 +244,7 @@ class Daemon:
             self._heartbeat, "interval", seconds=self.config.worker.heartbeat, next_run_time=now
         )
         self.scheduler.add_job(self.observer.refresh_metrics, "interval", seconds=1.0)
+        self.scheduler.add_job(self._watch_shapes, "interval", seconds=SHAPE_CHECK_INTERVAL)
         interval = self.config.source.cleanup_interval
         if self.config.source.kind == "postgres" and interval > 0:
             self.scheduler.add_job(self._cleanup, "interval", seconds=interval)
@@ -249,6 +256,12 @@ class Daemon:
             await self.manager.heartbeat(self.worker_id, fields, ttl=self.config.worker.lease_ttl)
         except TransientError as exc:
             log.warning("heartbeat failed", extra={"error": str(exc)})
+
+    async def _watch_shapes(self) -> None:
+        try:
+            await self.pipeline.watch_shapes(self.balancer.owned())
+        except CdcError as exc:  # the next check comes soon; a broken table says why itself
+            log.debug("shape check failed", extra={"error": str(exc)})
 
     async def _cleanup(self) -> None:
         try:

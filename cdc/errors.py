@@ -16,6 +16,7 @@ as the very same classes::
     │   ├── TrackingNotEnabled     2  tracking is off for a table (or NULL min version)
     │   ├── TrackingExpired           the checkpoint is no longer valid: re-snapshot
     │   └── SchemaError            2  no primary key, unknown column, changed schema
+    │       ├── MissingColumn      2  a column the config's ``columns:`` names is not there
     │       └── UnsupportedType    2  a column type with no JSON mapping
     ├── PoisonChange *             1  one change cannot be applied: dead letter it
     ├── ApplyBlocked               1  a table's changes were not applied: a key of their
@@ -42,6 +43,7 @@ __all__ = [
     "ConfigError",
     "ConnectError",
     "LeaseLost",
+    "MissingColumn",
     "PoisonChange",
     "RedisUnavailable",
     "SchemaError",
@@ -91,6 +93,17 @@ class SchemaError(SourceError):
     config and the database disagree: exit code 2."""
 
     exit_code = 2
+
+
+class MissingColumn(SchemaError):
+    """A column that the config's ``columns:`` list names is not in the table
+    (never there, or dropped or renamed since): the tracker names the
+    config's line."""
+
+    def __init__(self, table: str, column: str, message: str) -> None:
+        super().__init__(message)
+        self.table = table
+        self.column = column
 
 
 class UnsupportedType(SchemaError):

@@ -45,6 +45,12 @@ class Metrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=r,
         )
+        self.table_state = Gauge(
+            "cdc_table_state",
+            "1 for the table's current state (starting, snapshotting, streaming, degraded, stopped), 0 for the others",
+            ["table", "state"],
+            registry=r,
+        )
         self.up = Gauge("cdc_up", "1 when the component's connection works", ["component"], registry=r)
 
     def render(self) -> bytes:

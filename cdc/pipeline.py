@@ -3,6 +3,7 @@
     pipeline = Pipeline(config)      the pieces, not yet connected
     await pipeline.open()            connect source and Redis, describe every
                                      table, check its tracking, start the applier
+    await pipeline.watch_shapes(ts)  trackers whose table changed describe it again
     pipeline.tracker("dbo.T")        one table's ChangeTracker
     await pipeline.close()           flush the applier, close the connections
 
@@ -23,7 +24,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_random
 
 from cdc.batching import AutoBatchWorker
 from cdc.config import Config, TableConfig
-from cdc.errors import TrackingNotEnabled, TransientError
+from cdc.errors import TransientError
 from cdc.metrics import Metrics
 from cdc.sources import make_source
 from cdc.sources.base import ChangeSource
@@ -74,13 +75,17 @@ class Pipeline:
 
     # -- building ---------------------------------------------------------------
 
-    async def open(self) -> None:
-        """Connections, described tables, tracking checked, the applier started."""
+    async def open(self, *, strict: bool = True) -> None:
+        """Connections, described tables (their tracking checked), the applier
+        started. ``strict``: a table that cannot be followed (no such table,
+        no primary key, tracking off...) raises, and nothing is written to
+        Redis (``cdc run --once``, ``cdc snapshot``); otherwise it starts
+        degraded and keeps trying, while the other tables run (``cdc run``:
+        a table broken since the last start must not keep the sidecar down)."""
         await self.connect()
         self.trackers = [self._tracker(table_config) for table_config in self.config.tables]
         for tracker in self.trackers:
-            await tracker.prepare()
-        await self.check_tracking()
+            await tracker.prepare(strict=strict)
         self.worker.start()
 
     async def connect(self) -> None:
@@ -88,18 +93,17 @@ class Pipeline:
         if self._manager is None:
             self._manager = await DataManager.connect(self.config.redis)
 
-    async def check_tracking(self) -> None:
-        """A table whose changes are not tracked at all cannot be followed:
-        refuse to start (exit 2, the table named) rather than snapshot it into
-        Redis and fail at its first read. Tracking that is set up but impaired
-        (PostgreSQL: a capture trigger not ENABLE ALWAYS) is logged, as
-        ``cdc doctor`` reports it."""
-        for status in await self.source.tracking_status(self.config.tables):
-            if status.enabled:
-                continue
-            if status.min_valid_version is None:
-                raise TrackingNotEnabled(f"{status.table}: {status.detail}")
-            log.error("change tracking is impaired", extra={"table": status.table, "detail": status.detail})
+    async def watch_shapes(self, trackers: Sequence[ChangeTracker]) -> None:
+        """Tell ``trackers`` their table's fingerprint at the source now (one
+        round trip): those whose table changed describe it again. A table
+        whose column was added, or that was dropped and created again, gives
+        no error to a read: this is how its tracker learns of it."""
+        described = [t for t in trackers if t.info is not None]
+        if not described:
+            return
+        fingerprints = await self.source.fingerprints([t.table_config for t in described])
+        for tracker in described:
+            tracker.notice_fingerprint(fingerprints.get(tracker.table))
 
     def tracker(self, table: str) -> ChangeTracker:
         return next(t for t in self.trackers if t.table.lower() == table.lower())

@@ -4,72 +4,67 @@
                    poll until stopped: read -> enqueue -> (later) checkpoint
     poll()         one consistent read of the net changes since the read
                    position, paged; every change goes to the AutoBatchWorker
-                   under one Ticket
-    snapshot()     full consistent read (initial, on TrackingExpired, or on
-                   demand), then a sweep that deletes the documents of rows
-                   the snapshot did not see, through ordinary delete changes
+                   under one Ticket (``cdc.feeder.RowFeeder`` maps and queues)
+    snapshot()     full consistent read (initial, on TrackingExpired, when the
+                   table changed shape, or on demand), then a sweep that
+                   deletes the documents of rows the snapshot did not see,
+                   through ordinary delete changes
     checkpoints    a read's version is persisted only once every change of
                    that read (and of every read before it) is applied: the
                    ``CheckpointLine`` (cdc.checkpoint) decides, the tracker writes
-    RowFeeder      maps source rows to changes and queues them; a row that
-                   cannot be encoded goes to the dead letter
+
+A table's failure is the table's own: whatever a step raises (the table
+dropped or renamed, a column gone, tracking off, a permission revoked, a
+damaged key in Redis, a bug) makes it ``degraded`` (``cdc.table_health``), and
+the step is tried again after a jittered backoff, the table described again
+first (``cdc.describer``). Only a lease lost ends a tracker; with ``once``
+(``cdc run --once``) a failure that is not transient ends it too, raised.
 
 Two positions are kept apart: ``position`` is where the next read starts
 (reads run ahead of Redis, bounded by the worker's queue), ``applied`` is what
 Redis holds and what the checkpoint stores. A crash between the two replays
-changes, which the apply rule makes harmless.
+changes, which the apply rule makes harmless; so does a failed step, after
+which reading starts again from ``applied``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from collections.abc import Awaitable, Callable
 
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception_type,
-)
+from tenacity import AsyncRetrying, RetryCallState
 
 from cdc.backoff import EmptyPollBackoff
 from cdc.batching import AutoBatchWorker, Ticket
 from cdc.checkpoint import CheckpointLine
+from cdc.checkpoints import CheckpointKeeper
 from cdc.config import TableConfig
-from cdc.errors import PoisonChange, TrackingExpired, TransientError
-from cdc.mapping import TableMapper
+from cdc.describer import Describer
+from cdc.errors import CdcError, LeaseLost, TrackingExpired, TrackingNotEnabled, TransientError
+from cdc.feeder import RowFeeder
 from cdc.metrics import Metrics
-from cdc.sources.base import ChangeRow, ChangeSource, TableInfo
+from cdc.snapshots import SnapshotLoader, SnapshotProgress
+from cdc.sources.base import ChangeSource, TableInfo
+from cdc.table_health import TableHealth
 from publishers import control
 from publishers.manager import DataManager
-from publishers.model import Change
 from publishers.retrying import equal_jitter
 
 log = logging.getLogger("cdc.tracker")
 
-# Rows mapped and queued at a time: a page of 5,000 rows is 100+ ms of CPU,
-# and the batch applier must get to send batches in between. Half a batch
-# (within these bounds), so that the applier, back from Redis, finds its next
-# batch queued and waits for at most half a batch's mapping before sending it.
-SLICE = 256
-MIN_SLICE = 32
 MAX_RETRY_DELAY = 5.0  # a failing table retries at least this often: it resumes soon after an outage
-# Between tries of a failing table: 0.25-0.5 s, 0.5-1 s, ... up to 2.5-5 s, so
-# that after an outage the tables spread their retries (publishers.retrying).
+# Between tries of a table whose source or Redis is away: 0.25-0.5 s, 0.5-1 s,
+# ... up to 2.5-5 s, so that after an outage the tables spread their retries
+# (publishers.retrying).
 RETRY_WAIT = equal_jitter(0.5, MAX_RETRY_DELAY)
-State = Literal["starting", "snapshotting", "streaming", "degraded", "stopped"]
-R = TypeVar("R")  # a source row: a ChangeRow, or a snapshot row (a dict)
-
-
-@dataclass
-class SnapshotProgress:
-    rows: int = 0
-    total: int | None = None
-    version: int | None = None
+# Between tries of a table that is itself broken (dropped, a column gone,
+# tracking off): the first retry is quick, since a table that changed shape
+# under a read is usually fine once described again; then up to 7.5-15 s, so a
+# table re-created and enabled again resumes well within 45 s, and a table
+# gone for good costs a few catalog queries a minute.
+BROKEN_WAIT = equal_jitter(0.5, 15.0)
 
 
 class _StopEvent(asyncio.Event):
@@ -82,84 +77,6 @@ class _StopEvent(asyncio.Event):
     def set(self) -> None:
         super().set()
         self._wake.set()
-
-
-class RowFeeder:
-    """Turns a table's source rows into changes and queues them on the worker;
-    a row that cannot be encoded goes to the dead letter instead."""
-
-    def __init__(
-        self,
-        info: TableInfo,
-        mapper: TableMapper,
-        *,
-        worker: AutoBatchWorker,
-        manager: DataManager,
-        metrics: Metrics,
-    ) -> None:
-        self.info, self.mapper = info, mapper
-        self.worker, self.manager = worker, manager
-        self._dead_lettered = metrics.dead_lettered.labels(info.table)
-        self._slice = max(MIN_SLICE, min(SLICE, worker.max_batch_size // 2))
-
-    async def changes(self, rows: list[ChangeRow], ticket: Ticket) -> None:
-        await self._queue(rows, ticket, self.mapper.from_row, lambda row: (row.key, row.op, row.version))
-
-    async def snapshot_rows(self, rows: list[dict[str, Any]], ticket: Ticket, version: int) -> None:
-        await self._queue(
-            rows,
-            ticket,
-            functools.partial(self.mapper.from_snapshot, version=version),
-            functools.partial(self._snapshot_row_at, version=version),
-        )
-
-    async def sweep(self, section: str, version: int) -> Ticket:
-        """Queue the deletes of the documents a snapshot at ``version`` did not
-        write (rows gone meanwhile); return their sealed ticket."""
-        ticket = Ticket(version=version)
-        async for partition, key in self.manager.stale_keys(section, version):
-            await self.worker.put(self.mapper.delete(partition, key, version), ticket)
-        ticket.seal()
-        return ticket
-
-    def _snapshot_row_at(self, row: dict[str, Any], version: int) -> tuple[dict[str, Any], str, int]:
-        """A snapshot row's primary key, op and version (for the dead letter)."""
-        return {c: row.get(c) for c in self.info.primary_key}, "S", version
-
-    async def _queue(
-        self,
-        rows: Sequence[R],
-        ticket: Ticket,
-        convert: Callable[[R], Change | None],
-        where: Callable[[R], tuple[dict[str, Any], Any, int]],
-    ) -> None:
-        """Map ``rows`` with ``convert`` and queue their changes, ``_slice``
-        rows at a time (the worker's applier runs between slices). A row that
-        cannot be encoded goes to the dead letter at ``where(row)``: its
-        (primary key, op, version)."""
-        step = self._slice
-        for start in range(0, len(rows), step):
-            changes: list[Change] = []
-            for row in rows[start : start + step]:
-                try:
-                    change = convert(row)
-                except PoisonChange as exc:
-                    key, op, version = where(row)
-                    payload: dict[str, object] = {"key": {k: str(v) for k, v in key.items()}}
-                    await self._dead_letter(str(exc), payload, self.mapper.address(key, op, version))
-                    continue
-                if change is not None:
-                    changes.append(change)
-            await self.worker.put_many(changes, ticket)
-
-    async def _dead_letter(
-        self, reason: str, payload: dict[str, object], address: Change | None = None
-    ) -> None:
-        """Record a row that cannot be applied: with its partition, section
-        and key (``address``) when they are known, and ``payload``."""
-        log.error("change dead-lettered", extra={"table": self.info.table, "reason": reason})
-        self._dead_lettered.inc()
-        await self.manager.dead_letter(address, reason, table=self.info.table, payload=payload)
 
 
 class ChangeTracker:
@@ -183,25 +100,27 @@ class ChangeTracker:
         # this table's series, looked up once: an idle table updates them at every poll
         self._changes_read = metrics.changes_read.labels(self.table)
         self._backoff_step = metrics.backoff_step.labels(self.table)
-        self._lag_seconds = metrics.lag_seconds.labels(self.table)
-        self._lag_versions = metrics.lag_versions.labels(self.table)
         self.page_size = page_size
-        self.max_row_bytes = max_row_bytes
         self.backoff = EmptyPollBackoff(table_config.backoff)
         self.wake = asyncio.Event()
-        self.state: State = "starting"
+        self.health = TableHealth(self.table, metrics)
         self.position: int | None = None  # next read starts after this version
         self.line = CheckpointLine(self.table)  # what ``applied`` is, and when to persist it
-        self.source_version: int | None = None  # the bound of the latest read
+        self.checkpoints = CheckpointKeeper(self.table, self.line, manager, metrics)
         self.caught_up = asyncio.Event()  # set once a read found nothing new and all is applied
-        self.progress = SnapshotProgress()
-        self.error: str | None = None
-        self._mapper: TableMapper | None = None
+        self.loader = SnapshotLoader(
+            table_config, source=source, manager=manager, line=self.line, metrics=metrics, page_size=page_size
+        )
+        self.describer = Describer(table_config, source, max_row_bytes)
         self._feeder: RowFeeder | None = None
-        self._info: TableInfo | None = None
+        self._describe_request: str | None = "not described yet"
         self._snapshot_request: str | None = None
-        self.fence = 0  # fencing token of the lease this tracker works under
         self.stop_event: asyncio.Event = _StopEvent(self.wake)
+
+    @property
+    def info(self) -> TableInfo | None:
+        """The table as last described."""
+        return self.describer.info
 
     @property
     def _rows(self) -> RowFeeder:
@@ -213,26 +132,26 @@ class ChangeTracker:
         """Every change up to this version is in Redis."""
         return self.line.applied
 
-    @applied.setter
-    def applied(self, version: int | None) -> None:
-        self.line.applied = version
-
     # -- lifecycle -------------------------------------------------------------
 
-    async def prepare(self) -> None:
-        """Resolve the table at the source (at start-up: a bad table fails fast)."""
-        self._info = await self.source.describe(self.table_config)
-        self._mapper = TableMapper(self.table_config, self._info, self.max_row_bytes)
-        self._feeder = RowFeeder(
-            self._info, self._mapper, worker=self.worker, manager=self.manager, metrics=self.metrics
-        )
+    async def prepare(self, *, strict: bool = True) -> None:
+        """Describe the table at the source. ``strict`` (``cdc run --once``,
+        ``cdc snapshot``): a table that cannot be followed raises. Otherwise it
+        starts degraded, and its tracker keeps trying once it runs."""
+        try:
+            await self._describe()
+        except CdcError as exc:
+            if strict:
+                raise
+            self.health.failed(exc, retry_in=0.0)
 
     async def start(self, fence: int = 0) -> None:
         """Take the table on, holding a lease with fencing token ``fence`` (0:
         unfenced), from its checkpoint as it is now in Redis: a previous owner
         may have advanced it."""
-        assert self._mapper is not None, "prepare() first"
-        self.fence = self._mapper.fence = fence
+        self.checkpoints.fence = fence
+        if self.describer.mapper is not None:
+            self.describer.mapper.fence = fence
         self.stop_event = _StopEvent(self.wake)
         self.caught_up.clear()
         checkpoint = await self.manager.get_checkpoint(self.table)
@@ -246,45 +165,68 @@ class ChangeTracker:
             self._snapshot_request = reason
             self.wake.set()
 
+    def notice_fingerprint(self, fingerprint: str | None) -> None:
+        """The source's fingerprint of the table now: describe it again at
+        the next step if it changed (``Pipeline.watch_shapes``)."""
+        if self._describe_request is None and self.describer.stale(fingerprint):
+            self._describe_request = "the table's shape changed"
+            self.wake.set()
+
     async def run(self, once: bool = False) -> None:
         """Poll until ``stop_event`` is set (or, with ``once``, until caught up)."""
         stop = self.stop_event
+        retrying = _retrying(stop, self._failed, fail_fast=once)
         while not stop.is_set():
             try:
-                found: bool | None = await _retrying(stop, self._degraded)(self._step, stop)
+                caught_up: bool | None = await retrying(self._step, stop)
             except TrackingExpired as exc:
                 log.warning("re-snapshotting", extra={"table": self.table, "reason": exc.reason})
                 self.position = None
                 continue
-            if found is None:  # stopped while retrying
+            if caught_up is None:  # stopped while retrying
                 break
-            self.error = None
-            if not found and await self._all_applied():
+            self.health.recovered()
+            if caught_up:
                 self.caught_up.set()
                 if once:
                     break
             await self._wait(stop)
-        await self.flush()
-        self.state = "stopped"
+        await self.checkpoints.flush(quietly=True)
+        self.health.state = "stopped"
 
     async def _step(self, stop: asyncio.Event) -> bool | None:
-        """A snapshot if one is due, then a poll: whether it found changes
-        (None: ``stop`` was set meanwhile, say during a retry's wait)."""
+        """What is due (a description, a snapshot), then a poll: whether the
+        table is caught up (None: ``stop`` was set meanwhile, say during a
+        retry's wait)."""
         if stop.is_set():
             return None
+        if self._describe_request is not None:
+            await self._describe()
         if self._snapshot_request is not None:
             await self.snapshot(self._snapshot_request)
             await control.clear_snapshot_request(self.manager, self.table)
             self._snapshot_request = None
         elif self.position is None:
             await self.snapshot("no checkpoint yet")
-        return await self.poll()
+        found = await self.poll()
+        return not found and await self.checkpoints.all_applied()
 
-    async def flush(self) -> None:
-        """Persist the checkpoint of everything applied so far (shutdown)."""
-        await self._complete_tickets(block=False)
-        if self.applied is not None and self.applied != self.line.persisted:
-            await self._persist("streaming")
+    async def _describe(self) -> None:
+        """Describe the table (again); snapshot it at this step if its
+        documents no longer fit it."""
+        reason = await self.describer.describe()
+        self._describe_request = None
+        assert self.describer.info is not None and self.describer.mapper is not None
+        self.describer.mapper.fence = self.fence
+        self._feeder = RowFeeder(
+            self.describer.info,
+            self.describer.mapper,
+            worker=self.worker,
+            manager=self.manager,
+            metrics=self.metrics,
+        )
+        if reason is not None and self.position is not None:
+            self._snapshot_request = self._snapshot_request or reason
 
     # -- polling ---------------------------------------------------------------
 
@@ -292,11 +234,12 @@ class ChangeTracker:
         """One consistent read of the changes since ``position``, paged.
 
         Returns whether any change was found."""
-        assert self._info is not None and self.position is not None
+        info = self.describer.info
+        assert info is not None and self.position is not None
         self.wake.clear()
         since = self.position
         ticket = Ticket(version=since)
-        page = await self.source.read_changes(self._info, since, limit=self.page_size)
+        page = await self.source.read_changes(info, since, limit=self.page_size)
         rows = 0
         while True:
             rows += len(page.rows)
@@ -304,18 +247,18 @@ class ChangeTracker:
             if not page.more:
                 break
             page = await self.source.read_changes(
-                self._info, since, limit=self.page_size, upto=page.next_version, after=page.cursor
+                info, since, limit=self.page_size, upto=page.next_version, after=page.cursor
             )
         ticket.version = page.next_version
         ticket.seal()
         self.line.register(ticket)
         self.position = max(self.position, page.next_version)
-        self.source_version = page.next_version
-        self.state = "streaming"
+        self.checkpoints.source_version = page.next_version
+        self.health.state = "streaming"
         self.backoff.record(rows > 0)
         if rows:
             self._changes_read.inc(rows)
-        await self._complete_tickets(block=False)
+        await self.checkpoints.complete(block=False)
         return rows > 0
 
     async def _wait(self, stop: asyncio.Event) -> None:
@@ -323,10 +266,11 @@ class ChangeTracker:
         delay = self.backoff.delay
         if delay <= 0 or stop.is_set():
             return
-        if self._info is not None and self.position is not None and self.line.settled:
+        info = self.describer.info
+        if info is not None and self.position is not None and self.line.settled:
             # a read known to find nothing is not worth a wake-up: the table's
             # notification sets ``wake`` (as do a stop and a snapshot request)
-            delay = max(delay, self.source.quiet_for(self._info, self.position))
+            delay = max(delay, self.source.quiet_for(info, self.position))
         # stop_event sets wake too (_StopEvent): one future and a timer, not two tasks
         # (an idle table waits ten times a second at first: the tasks cost more than the poll)
         with contextlib.suppress(TimeoutError):
@@ -338,90 +282,76 @@ class ChangeTracker:
     async def snapshot(self, reason: str) -> None:
         """Load the whole table consistently, then delete what it no longer has."""
         log.info("snapshot starting", extra={"table": self.table, "reason": reason})
-        self.state = "snapshotting"
+        self.health.state = "snapshotting"
         self.caught_up.clear()
-        await self._complete_tickets(block=True)
+        await self.checkpoints.complete(block=True)
         await self.manager.set_checkpoint(self.table, self.applied or 0, "snapshotting", fence=self.fence)
-        self.progress = SnapshotProgress()
-        version = await self._load_snapshot()
-        if "D" in self.table_config.operations:
-            await self.line.wait_applied(await self._rows.sweep(self.table_config.section, version))
-        self.position = self.applied = version
-        await self._persist("streaming")
+        assert self.info is not None
+        version = await self.loader.load(self.info, self._rows)
+        self.position = self.line.applied = version
+        await self.checkpoints.persist("streaming")
         log.info("snapshot done", extra={"table": self.table, "rows": self.progress.rows, "version": version})
 
-    async def _load_snapshot(self) -> int:
-        assert self._info is not None
-        ticket = Ticket(version=0)
-        version: int | None = None
-        async for page in self.source.snapshot(self._info, page_size=self.page_size):
-            version = ticket.version = page.version
-            self.progress.version, self.progress.total = version, page.total
-            await self._rows.snapshot_rows(page.rows, ticket, page.version)
-            self.progress.rows += len(page.rows)
-            self.metrics.snapshot_rows.labels(self.table).inc(len(page.rows))
-            await control.set_snapshot_progress(self.manager, self.table, self.progress.rows, page.total)
-        if version is None:
-            version = await self.source.current_version()
-        ticket.seal()
-        await self.line.wait_applied(ticket)
-        return version
+    @property
+    def fence(self) -> int:
+        """The fencing token of the lease this tracker works under (0: none)."""
+        return self.checkpoints.fence
+
+    @property
+    def progress(self) -> SnapshotProgress:
+        return self.loader.progress
 
     # -- checkpoints -----------------------------------------------------------
 
-    async def _all_applied(self) -> bool:
-        await self._complete_tickets(block=False)
-        return self.line.empty
-
-    async def _complete_tickets(self, block: bool) -> None:
-        """Advance ``applied`` over the finished reads at the head of the line
-        (``block``: wait for every read first), and write the checkpoint when due."""
-        advanced = await self.line.drain() if block else self.line.advance()
-        self._update_lag()
-        if advanced and self.line.persist_due():
-            await self._persist("streaming")
-
-    async def _persist(self, state: Literal["snapshotting", "streaming"]) -> None:
-        if self.applied is None:
-            return
-        await self.manager.set_checkpoint(self.table, self.applied, state, fence=self.fence)
-        self.line.persisted_now()
+    async def flush(self) -> None:
+        """Persist the checkpoint of everything applied so far (shutdown)."""
+        await self.checkpoints.flush()
 
     def refresh_metrics(self) -> None:
-        self._update_lag()
-        self.metrics.backoff_step.labels(self.table).set(self.backoff.step)
+        self.checkpoints.update_lag()
+        self._backoff_step.set(self.backoff.step)
 
-    def _update_lag(self) -> None:
-        self._lag_seconds.set(self.line.oldest_read_age())
-        if self.source_version is not None and self.applied is not None:
-            self._lag_versions.set(max(0, self.source_version - self.applied))
+    # -- failures --------------------------------------------------------------
 
-    # -- errors ----------------------------------------------------------------
-
-    def _degraded(self, retry_state: RetryCallState) -> None:
-        """A transient error: the table is degraded until a step succeeds."""
+    def _failed(self, retry_state: RetryCallState) -> None:
+        """A step failed: the table is degraded until one succeeds. Unless
+        the source or Redis is merely away, describe the table again first,
+        and read again from what Redis holds (the reads that ran ahead may
+        never be applied: a damaged key refused them, say)."""
         assert retry_state.outcome is not None
-        exc = retry_state.outcome.exception()
-        self.state = "degraded"
-        self.error = str(exc)
-        log.warning(
-            "table degraded, retrying",
-            extra={"table": self.table, "error": str(exc), "retry_in": round(retry_state.upcoming_sleep, 3)},
-        )
+        error = retry_state.outcome.exception()
+        assert error is not None
+        self.health.failed(error, retry_state.upcoming_sleep)
+        if isinstance(error, TransientError):
+            return
+        if isinstance(error, TrackingNotEnabled):
+            self.describer.uncaptured = True
+        self._describe_request = self._describe_request or "a step failed"
+        self.line.forget_reads()
+        self.position = self.applied
 
 
-def _retrying(stop: asyncio.Event, before_sleep: Callable[[RetryCallState], None]) -> AsyncRetrying:
-    """Retry a step on ``TransientError`` until it succeeds, waiting between
-    tries in a way ``stop`` cuts short (``RETRY_WAIT``)."""
+def _retrying(
+    stop: asyncio.Event, before_sleep: Callable[[RetryCallState], None], *, fail_fast: bool
+) -> Callable[..., Awaitable[bool | None]]:
+    """Retry a step until it succeeds, waiting between tries in a way ``stop``
+    cuts short: ``RETRY_WAIT`` after a ``TransientError``, ``BROKEN_WAIT``
+    after any other. Never retried: ``TrackingExpired`` (the caller
+    snapshots), ``LeaseLost`` (the table is someone else's), and with
+    ``fail_fast`` anything but a ``TransientError``."""
 
     async def pause(seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), seconds)
 
-    return AsyncRetrying(
-        retry=retry_if_exception_type(TransientError),
-        wait=RETRY_WAIT,
-        sleep=pause,
-        before_sleep=before_sleep,
-        reraise=True,
-    )
+    def retry(state: RetryCallState) -> bool:
+        error = state.outcome.exception() if state.outcome is not None else None
+        if error is None or isinstance(error, TrackingExpired | LeaseLost):
+            return False
+        return isinstance(error, TransientError) or (isinstance(error, Exception) and not fail_fast)
+
+    def wait(state: RetryCallState) -> float:
+        error = state.outcome.exception() if state.outcome is not None else None
+        return (RETRY_WAIT if isinstance(error, TransientError) else BROKEN_WAIT)(state)
+
+    return AsyncRetrying(retry=retry, wait=wait, sleep=pause, before_sleep=before_sleep, reraise=True)

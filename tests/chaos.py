@@ -330,17 +330,20 @@ def get(port: int, path: str) -> tuple[int, dict[str, Any]]:
         return 0, {}
 
 
-async def wait_health(port: int, status: int, timeout: float, contains: str = "") -> dict[str, Any]:
-    """Wait until /healthz answers ``status`` (and its body mentions ``contains``)."""
+async def wait_health(
+    port: int, status: int, timeout: float, contains: str = "", path: str = "/readyz"
+) -> dict[str, Any]:
+    """Wait until ``path`` (readiness: what a fault degrades) answers
+    ``status`` (and its body mentions ``contains``)."""
     body: dict[str, Any] = {}
 
     async def reached() -> bool:
         nonlocal body
-        code, body = await asyncio.to_thread(get, port, "/healthz")
+        code, body = await asyncio.to_thread(get, port, path)
         return code == status and contains in json.dumps(body)
 
     try:
-        await wait_for(reached, timeout, f"/healthz to answer {status} {contains!r}")
+        await wait_for(reached, timeout, f"{path} to answer {status} {contains!r}")
     except AssertionError as exc:
         raise AssertionError(f"{exc} (last answer: {body})") from None
     return body

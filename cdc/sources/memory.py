@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from cdc.config import TableConfig
 from cdc.errors import (
+    MissingColumn,
     SchemaError,
     SourceUnavailable,
     TrackingExpired,
@@ -79,7 +80,9 @@ class MemorySource(MemoryDatabase):
         if table_config.columns is not None:
             missing = [c for c in table_config.columns if c not in t.columns]
             if missing:
-                raise SchemaError(f"{table_config.table}: no column {', '.join(missing)}")
+                known = ", ".join(t.columns)
+                message = f"{table_config.table}: no column {missing[0]!r} (the table has: {known})"
+                raise MissingColumn(table_config.table, missing[0], message)
             published = [c for c in published if c in t.primary_key or c in table_config.columns]
         reserved_key = [c for c in t.primary_key if c.startswith("@")]
         if reserved_key:
@@ -246,7 +249,7 @@ class MemorySource(MemoryDatabase):
 
 
 def _fingerprint(t: Table) -> str:
-    return repr((t.identity, t.tracked, t.primary_key, sorted(t.columns.items())))
+    return repr((t.identity, t.ddl, t.tracked, t.primary_key, sorted(t.columns.items())))
 
 
 def _order(row: ChangeRow) -> Cursor:

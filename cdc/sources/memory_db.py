@@ -47,6 +47,7 @@ class Table:
     columns: dict[str, str]  # column -> type, in table order
     primary_key: tuple[str, ...]
     identity: int = field(default_factory=lambda: next(_identities))  # a new table object, a new one
+    ddl: int = 0  # ALTERs so far: a column dropped and added again is another column
     rows: dict[Key, Row] = field(default_factory=dict)
     tracked: bool = False
     min_valid_version: int = 0
@@ -210,12 +211,14 @@ class MemoryDatabase:
     def add_column(self, table: str, column: str, type_name: str, default: Any = None) -> None:
         """Every row gets ``default``; no change is logged (no trigger fires)."""
         t = self.table(table)
+        t.ddl += 1
         t.columns[column] = type_name
         for row in t.rows.values():
             row[column] = default
 
     def drop_column(self, table: str, column: str) -> None:
         t = self.table(table)
+        t.ddl += 1
         if column in t.primary_key:
             raise SchemaError(f"{table}: cannot drop primary-key column {column}")
         del t.columns[column]
@@ -224,6 +227,7 @@ class MemoryDatabase:
 
     def rename_column(self, table: str, column: str, new_name: str) -> None:
         t = self.table(table)
+        t.ddl += 1
         t.columns = {new_name if c == column else c: kind for c, kind in t.columns.items()}
         t.primary_key = tuple(new_name if c == column else c for c in t.primary_key)
         for key, row in t.rows.items():
@@ -232,6 +236,7 @@ class MemoryDatabase:
     def retype_column(self, table: str, column: str, type_name: str, convert: Callable[[Any], Any]) -> None:
         """``ALTER COLUMN ... TYPE ... USING convert(column)``: no change logged."""
         t = self.table(table)
+        t.ddl += 1
         t.columns[column] = type_name
         for row in t.rows.values():
             row[column] = convert(row.get(column))

@@ -150,8 +150,9 @@ async def test_redis_down_for_an_outage_then_back_with_its_aof(
 ) -> None:
     """redis-server is killed (SIGKILL) while the sidecar applies and stays
     down for the outage; the writers go on. The sidecar keeps retrying,
-    reports degraded on /healthz meanwhile, and catches up once Redis is
-    back with everything its AOF held."""
+    reports degraded on /readyz meanwhile (while /healthz, the liveness
+    probe, stays 200: a restart would not bring Redis back), and catches up
+    once Redis is back with everything its AOF held."""
     client = checking_client(own_redis.url)
     plain = aioredis.Redis.from_url(own_redis.url)
     config = health_config(postgres_dsn, pg_schema, own_redis.url, namespace, lease_ttl="2s")
@@ -170,8 +171,8 @@ async def test_redis_down_for_an_outage_then_back_with_its_aof(
         assert body["ok"] is False
         while time.monotonic() - down_at < OUTAGE:  # the outage: the daemon must live through it
             running.alive()
-            code, _ = await _healthz(running.port)
-            assert code == 503, "healthy while Redis is down"
+            assert (await _probe(running.port, "/readyz"))[0] == 503, "ready while Redis is down"
+            assert (await _probe(running.port, "/healthz"))[0] == 200, "not live while Redis is down"
             await asyncio.sleep(0.5)
         own_redis.start()  # the same port and directory: the AOF is replayed
         await wait_health(running.port, 200, 60)
@@ -286,9 +287,9 @@ def _row(key: str, version: int, value: str) -> Change:
 async def test_postgres_down_for_an_outage_then_back(namespace: str, redis_url: str) -> None:
     """PostgreSQL (a server of this test's own) crashes (immediate shutdown)
     and stays down for the outage. The sidecar keeps retrying, reports the
-    tables degraded on /healthz, and streams on from its checkpoints once the
-    server is back: what was written before the crash and after the restart
-    all arrives."""
+    tables degraded on /readyz (/healthz stays 200), and streams on from its
+    checkpoints once the server is back: what was written before the crash
+    and after the restart all arrives."""
     # Durable commits: with synchronous_commit off (the dev servers' speed-up)
     # a crash loses commits PostgreSQL had acknowledged, and that the sidecar
     # may already have read and applied (docs/RELIABILITY.md, limits).
@@ -314,8 +315,8 @@ async def test_postgres_down_for_an_outage_then_back(namespace: str, redis_url: 
         await wait_health(running.port, 503, 30, contains="PostgreSQL")
         while time.monotonic() - down_at < OUTAGE:
             running.alive()
-            code, _ = await _healthz(running.port)
-            assert code == 503, "healthy while PostgreSQL is down"
+            assert (await _probe(running.port, "/readyz"))[0] == 503, "ready while PostgreSQL is down"
+            assert (await _probe(running.port, "/healthz"))[0] == 200, "not live while PostgreSQL is down"
             await asyncio.sleep(0.5)
         server.start()
         await wait_health(running.port, 200, 60)
@@ -531,10 +532,10 @@ async def test_truncate_while_running(
 # -- helpers -------------------------------------------------------------------------
 
 
-async def _healthz(port: int) -> tuple[int, dict[str, Any]]:
+async def _probe(port: int, path: str) -> tuple[int, dict[str, Any]]:
     from tests.chaos import get
 
-    return await asyncio.to_thread(get, port, "/healthz")
+    return await asyncio.to_thread(get, port, path)
 
 
 async def _above(follower: Follower, messages: int, loaded: int = 0) -> bool:

@@ -128,7 +128,7 @@ async def test_snapshot_then_changes_reach_redis_and_the_checkpoint(rig: Rig) ->
     documents = await rig.documents()
     assert documents["3"]["n"] == 33 and "4" not in documents
     assert await rig.checkpoint() == await rig.source.current_version()
-    assert tracker.state == "stopped" and tracker.error is None
+    assert tracker.health.state == "stopped" and tracker.health.error is None
 
 
 async def test_an_idle_table_checkpoint_follows_the_source(rig: Rig) -> None:
@@ -252,15 +252,15 @@ async def test_transient_source_errors_retry_and_recover(rig: Rig) -> None:
     running = asyncio.create_task(tracker.run())
     try:
         await wait_for(_is(tracker, "degraded"), 5, "the tracker degraded")
-        assert tracker.error is not None and "unavailable" in tracker.error
+        assert tracker.health.error is not None and "unavailable" in tracker.health.error
 
         rig.source.available = True
         await wait_for(_has_document(rig, "1"), 5, "the change after the outage")
-        assert (tracker.state, tracker.error) == ("streaming", None)
+        assert (tracker.health.state, tracker.health.error) == ("streaming", None)
     finally:
         tracker.stop_event.set()
         await asyncio.wait_for(running, 5)
-    assert tracker.state == "stopped"
+    assert tracker.health.state == "stopped"
 
 
 async def test_a_stop_during_an_outage_ends_the_run(rig: Rig) -> None:
@@ -273,7 +273,7 @@ async def test_a_stop_during_an_outage_ends_the_run(rig: Rig) -> None:
     tracker.stop_event.set()
 
     await asyncio.wait_for(running, 1)  # the retry's wait is cut short
-    assert tracker.state == "stopped"
+    assert tracker.health.state == "stopped"
 
 
 def test_retry_waits_are_jittered_and_capped() -> None:
@@ -291,7 +291,7 @@ def test_retry_waits_are_jittered_and_capped() -> None:
 
 def _is(tracker: ChangeTracker, state: str) -> Any:
     async def check() -> bool:
-        return tracker.state == state
+        return tracker.health.state == state
 
     return check
 
