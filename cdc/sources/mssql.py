@@ -25,10 +25,17 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
 from cdc.config import SourceConfig, TableConfig
-from cdc.errors import CdcError, TrackingNotEnabled
+from cdc.errors import CdcError, SchemaError, TrackingNotEnabled
 from cdc.sources import mssql_sql as sql
 from cdc.sources.base import ChangePage, Cursor, Finding, SnapshotPage, TableInfo, TrackingStatus
-from cdc.sources.mssql_catalog import DescribedTable, TableName, describe, not_tracked
+from cdc.sources.mssql_catalog import (
+    DescribedTable,
+    TableName,
+    describe,
+    not_tracked,
+    read_fingerprints,
+    shape_change,
+)
 from cdc.sources.mssql_doctor import doctor
 from cdc.sources.mssql_link import (
     Link,
@@ -100,17 +107,31 @@ class MssqlSource:
         return described.info
 
     async def fingerprints(self, tables: Sequence[TableConfig]) -> dict[str, str | None]:
-        raise NotImplementedError("issue 12: being written")
+        """One statement for all ``tables`` (``mssql_sql.FINGERPRINT``), on the
+        describe link (READ COMMITTED: nothing else runs on it)."""
+        names = [TableName(t.table, t.schema, t.name) for t in tables]
+        if not names:
+            return {}
+        found = await self._link.run(lambda conn: read_fingerprints(conn, names))
+        return {n.table: None if f is None else f.fingerprint for n, f in zip(names, found, strict=True)}
 
     async def _described(self, info: TableInfo) -> DescribedTable:
-        """The described table behind ``info`` (described again if this source has not seen it)."""
+        """The described table behind ``info``: the one ``describe`` cached when
+        it is ``info``'s, else described again; SchemaError when the table is
+        no longer what ``info`` says (a caller reading with an older TableInfo
+        must describe the table again, not read it with a stale shape)."""
         known = self._tables.get(info.table.lower())
-        if known is not None and known.tracked and known.info.column_names == info.column_names:
+        if known is not None and known.tracked and known.info == info:
             return known  # (an untracked table is described again: tracking may be on by now)
         table_name = TableName(info.table, info.schema, info.name)
         described = await self._link.run(
             lambda conn: describe(conn, table_name, info.column_names), info.table
         )
+        if described.info != info:
+            raise SchemaError(
+                f"{info.table}: the table changed since it was described ({shape_change(info, described.info)}): "
+                "it will be described again"
+            )
         self._tables[info.table.lower()] = described
         return described
 

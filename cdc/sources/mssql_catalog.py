@@ -3,10 +3,19 @@
 A described table (``DescribedTable``) carries what reads and snapshots need
 beyond ``TableInfo``: the shape the T-SQL is generated from, each column's
 converter, and whether Change Tracking tracks the table and its columns.
+
+``describe`` reads the table's shape fingerprint (``read_fingerprints``: the
+text ``ChangeSource.fingerprints`` polls) *before* the catalog, so a change
+made while it describes leaves a fingerprint that differs from the one the
+sidecar polls next, and the table is described again. Column names starting
+with ``@`` are reserved (documents carry ``@v``, ``@ts``, ``@del``): without
+an explicit ``columns:`` list such columns are left out, with a warning; a
+primary-key column so named is an error.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -16,6 +25,9 @@ from cdc.sources import mssql_sql as sql
 from cdc.sources.base import Column, TableInfo
 from cdc.sources.mssql_link import execute, fetch_all, fetch_one
 from cdc.sources.mssql_types import Converter, converter_for, format_type
+
+log = logging.getLogger("cdc.sources.mssql")
+RESERVED = "@"  # the prefix of the documents' own fields (@v, @ts, @del)
 
 
 @dataclass(frozen=True)
@@ -56,48 +68,98 @@ class TableName:
     name: str
 
 
+@dataclass(frozen=True)
+class Found:
+    """A table as a fingerprint read found it."""
+
+    object_id: int
+    fingerprint: str
+
+
+def read_fingerprints(conn: Any, names: Sequence[TableName]) -> list[Found | None]:
+    """The shape fingerprint of each table now (None: no such table), in
+    order: one statement (one round trip) per ``FINGERPRINT_BATCH`` tables."""
+    out: list[Found | None] = []
+    for start in range(0, len(names), sql.FINGERPRINT_BATCH):
+        batch = [(n.schema, n.name) for n in names[start : start + sql.FINGERPRINT_BATCH]]
+        for _, object_id, fingerprint in fetch_all(conn, sql.fingerprints(batch)):
+            out.append(None if object_id is None else Found(int(object_id), str(fingerprint)))
+    return out
+
+
 def describe(conn: Any, table_name: TableName, wanted: Sequence[str] | None) -> DescribedTable:
-    """Read the catalog: columns, primary key in key order, tracking; raise
-    SchemaError or UnsupportedType. A table that change tracking does not
-    track yet is described all the same (``tracked`` False): reading its
-    changes or snapshot raises TrackingNotEnabled, as the ChangeSource
-    contract has it."""
+    """Read the fingerprint, then the catalog: columns, primary key in key
+    order, tracking; raise SchemaError or UnsupportedType. A table that change
+    tracking does not track yet is described all the same (``tracked``
+    False): reading its changes or snapshot raises TrackingNotEnabled, as the
+    ChangeSource contract has it."""
     execute(conn, sql.SET_READ_COMMITTED)
-    catalog = catalog_columns(conn, table_name.schema, table_name.name)
-    if not catalog:
+    [found] = read_fingerprints(conn, [table_name])
+    catalog = [] if found is None else catalog_columns(conn, table_name.schema, table_name.name)
+    if found is None or not catalog:
         raise SchemaError(
             f"{table_name.table}: no such table in this database (or the login cannot see it: it needs SELECT on it)"
         )
-    by_name = {c.name.lower(): c for c in catalog}
-    key = [
-        by_name[str(r[0]).lower()]
-        for r in fetch_all(conn, sql.primary_key(table_name.schema, table_name.name))
-    ]
-    if not key:
-        raise SchemaError(f"{table_name.table}: the table has no primary key, which change tracking requires")
-    published = list(key)
-    for name in wanted if wanted is not None else [c.name for c in catalog]:
-        column = by_name.get(name.lower())
-        if column is None:
-            known = ", ".join(c.name for c in catalog)
-            raise SchemaError(f"{table_name.table}: no column {name} (columns: {known})")
-        if column not in published:
-            published.append(column)
+    key_names = [str(r[0]) for r in fetch_all(conn, sql.primary_key(table_name.schema, table_name.name))]
+    names, left_out = choose_columns(table_name.table, [c.name for c in catalog], key_names, wanted)
+    for column in left_out:
+        log.warning(
+            "column left out of the documents: names starting with @ are reserved for the documents' own "
+            "fields (@v, @ts, @del); rename it (sp_rename), or list the columns to publish under `columns:`",
+            extra={"table": table_name.table, "column": column},
+        )
+    by_name = {c.name: c for c in catalog}
+    published = [by_name[n] for n in names]
     converters = {c.name: converter_for(table_name.table, c.name, c.base, c.declared) for c in published}
     tracking = fetch_one(conn, sql.table_tracking(table_name.schema, table_name.name))
-    described = _build_table(
-        table_name, key, published, converters, tracking is not None and bool(tracking[0])
-    )
-    return described if tracking is not None else replace(described, tracked=False)
+    described = _build_table(table_name, found, published[: len(key_names)], published, converters, tracking)
+    return replace(described, info=replace(described.info, left_out=left_out))
+
+
+def choose_columns(
+    table: str, catalog: Sequence[str], key: Sequence[str], wanted: Sequence[str] | None
+) -> tuple[list[str], tuple[str, ...]]:
+    """(published columns, primary key first, in the catalog's spelling;
+    columns left out because their names are reserved). ``wanted``: the
+    config's ``columns:`` list, None for every column."""
+    by_lower = {c.lower(): c for c in catalog}
+    if not key:
+        raise SchemaError(f"{table}: the table has no primary key, which change tracking requires")
+    for column in key:
+        if column.lower() not in by_lower:  # renamed between the two catalog reads
+            raise SchemaError(
+                f"{table}: the table changed while it was described (primary-key column {column} is not among "
+                "its columns now): it will be described again"
+            )
+        if column.startswith(RESERVED):
+            raise SchemaError(
+                f"{table}: primary-key column {column} starts with @, which is reserved for the documents' own "
+                "fields (@v, @ts, @del): rename the column (sp_rename) to publish this table"
+            )
+    published = [by_lower[c.lower()] for c in key]
+    left_out: list[str] = []
+    for name in wanted if wanted is not None else catalog:
+        spelled = by_lower.get(name.lower())
+        if spelled is None:
+            raise SchemaError(f"{table}: no column {name} (columns: {', '.join(catalog)})")
+        if spelled in published:
+            continue
+        if wanted is None and spelled.startswith(RESERVED):
+            left_out.append(spelled)
+        else:
+            published.append(spelled)
+    return published, tuple(left_out)
 
 
 def _build_table(
     table_name: TableName,
+    found: Found,
     key: list[CatalogColumn],
     published: list[CatalogColumn],
     converters: dict[str, Converter],
-    track_columns_updated: bool,
+    tracking: Any,  # its sys.change_tracking_tables row (is_track_columns_updated_on, ...), None: not tracked
 ) -> DescribedTable:
+    track_columns_updated = tracking is not None and bool(tracking[0])
     key_names = tuple(c.name for c in key)
     # Computed columns never appear in SYS_CHANGE_COLUMNS, and a rowversion changes with
     # every update: when the mask is known, count them as (possibly) changed.
@@ -121,12 +183,35 @@ def _build_table(
         name=table_name.name,
         primary_key=key_names,
         columns=tuple(Column(c.name, c.declared, c.nullable) for c in published),
+        identity=str(found.object_id),
+        fingerprint=found.fingerprint,
     )
-    return DescribedTable(info, shape, converters, always, track_columns_updated)
+    return DescribedTable(info, shape, converters, always, track_columns_updated, tracking is not None)
+
+
+def shape_change(was: TableInfo, now: TableInfo) -> str:
+    """What differs between two descriptions of a table, in words."""
+    if was.identity != now.identity:
+        return f"dropped and created again (object_id {was.identity}, now {now.identity})"
+    changes = []
+    if was.primary_key != now.primary_key:
+        changes.append(f"primary key ({', '.join(was.primary_key)}) is now ({', '.join(now.primary_key)})")
+    before = {c.name: c for c in was.columns}
+    after = {c.name: c for c in now.columns}
+    changes += [f"column {n} is gone" for n in before if n not in after]
+    changes += [f"column {n} is new" for n in after if n not in before]
+    changes += [
+        f"column {n} was {before[n].type_name}{'' if before[n].nullable else ' not null'}, now "
+        f"{after[n].type_name}{'' if after[n].nullable else ' not null'}"
+        for n in before
+        if n in after and before[n] != after[n]
+    ]
+    return "; ".join(changes) or "its columns changed"
 
 
 def not_tracked(table: str, schema: str, name: str) -> str:
     return (
-        f"{table}: change tracking is not enabled on the table: run `cdc tracking enable` "
+        f"{table}: change tracking is not enabled on the table (never enabled, turned off, or the table was "
+        f"dropped and created again, which drops its tracking): run `cdc tracking enable --table {table}` "
         f"(ALTER TABLE {sql.qualified(schema, name)} ENABLE CHANGE_TRACKING WITH (TRACK_COLUMNS_UPDATED = ON))"
     )

@@ -15,7 +15,7 @@ from cdc.durations import format_duration
 from cdc.errors import SchemaError, TrackingNotEnabled, UnsupportedType
 from cdc.sources import mssql_sql as sql
 from cdc.sources.base import Finding
-from cdc.sources.mssql_catalog import DescribedTable, TableName, describe, not_tracked
+from cdc.sources.mssql_catalog import DescribedTable, TableName, describe, not_tracked, shape_change
 from cdc.sources.mssql_link import fetch_one
 from cdc.sources.mssql_tracking import database_settings
 
@@ -115,16 +115,27 @@ def _table_findings(conn: Any, table_config: TableConfig, known: DescribedTable 
         )
         return out
     if known is not None and known.info != described.info:
-        # ADD COLUMN, a type change, a new key: the tracker must describe the table again.
+        # ADD COLUMN, a type change, a new key, the table created again: the tracker describes it again.
         out.append(
             Finding(
                 "warning",
                 table_config.table,
-                "the table's columns changed since this sidecar described it: restart it (or re-snapshot the table)",
+                f"the table changed since this sidecar described it ({shape_change(known.info, described.info)}): "
+                "a running sidecar notices it within seconds, describes the table again and re-snapshots it",
                 {
                     "was": [c.type_name for c in known.info.columns],
                     "now": [c.type_name for c in described.info.columns],
                 },
+            )
+        )
+    if described.info.left_out:
+        out.append(
+            Finding(
+                "warning",
+                table_config.table,
+                f"columns left out of the documents: {', '.join(described.info.left_out)} (names starting with @ "
+                "are reserved for the documents' own fields @v, @ts, @del): rename them, or list the columns "
+                "to publish under `columns:`",
             )
         )
     if not described.track_columns_updated:

@@ -45,7 +45,18 @@ TRANSIENT_ERRORS = frozenset(
 PERMISSION_ERRORS = frozenset({229, 230, 262, 297, 300, 916, 5011, 15247})
 SNAPSHOT_NOT_ALLOWED = 3952
 NO_PRIMARY_KEY = 4997
-TRACKING_OFF_ON_TABLE = 22105
+# "Change tracking is not enabled on table '%.*ls'." (sys.messages): 22105 from
+# CHANGETABLE(CHANGES ...), whose table "must" have change tracking enabled
+# (CHANGETABLE, learn.microsoft.com), 4998 from ALTER TABLE ... DISABLE
+# CHANGE_TRACKING. Raised when tracking was turned off, or the table dropped
+# and created again (DROP TABLE removes its tracking), since it was described.
+TRACKING_OFF_ON_TABLE = frozenset({22105, 4998})
+# The table changed under a read (DDL committed before the read's statement
+# ran; one committed after its SNAPSHOT transaction began is 3961, transient):
+INVALID_COLUMN = 207  # "Invalid column name": a column read was dropped or renamed
+# "Invalid object name" (208); "Cannot find the object ... because it does not
+# exist or you do not have permissions" (4902): dropped, or renamed (sp_rename)
+TABLE_GONE = frozenset({208, 4902})
 _NATIVE = re.compile(r"\((-?\d+)\)\s*(?=\(SQL\w*\)|;|$)")
 _PERMISSION = re.compile(r"(?:The )?([A-Z][A-Z ]*[A-Z]) permission (?:was )?denied")
 _DRIVER_TAGS = re.compile(
@@ -79,8 +90,22 @@ def map_error(exc: BaseException, dsn: str, context: str = "") -> CdcError:
             f"{where}snapshot isolation is not allowed in this database: run `cdc tracking enable` "
             f"or ALTER DATABASE CURRENT SET ALLOW_SNAPSHOT_ISOLATION ON ({text})"
         )
-    if TRACKING_OFF_ON_TABLE in natives:
-        return TrackingNotEnabled(f"{where}change tracking is not enabled: {text}")
+    if natives & TRACKING_OFF_ON_TABLE:
+        enable = f"`cdc tracking enable --table {context}`" if context else "`cdc tracking enable`"
+        return TrackingNotEnabled(
+            f"{where}change tracking is not enabled on the table: it was turned off, or the table dropped and "
+            f"created again, while it was read; it will be described again. Run {enable} to follow it ({text})"
+        )
+    if INVALID_COLUMN in natives:
+        return SchemaError(
+            f"{where}the table changed while it was read (a column it reads was dropped or renamed): "
+            f"it will be described again ({text})"
+        )
+    if natives & TABLE_GONE:
+        return SchemaError(
+            f"{where}the table changed while it was read (dropped, or renamed): "
+            f"it will be described again ({text})"
+        )
     if natives & PERMISSION_ERRORS or "permission" in text.lower() and "denied" in text.lower():
         match = _PERMISSION.search(text)
         missing = f"the {match.group(1)} permission" if match else "a permission"

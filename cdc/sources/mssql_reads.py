@@ -28,12 +28,61 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cdc.errors import SourceUnavailable, TrackingExpired, TrackingNotEnabled
+from cdc.errors import SchemaError, SourceUnavailable, TrackingExpired, TrackingNotEnabled
 from cdc.sources import mssql_sql as sql
 from cdc.sources.base import ChangeRow, Cursor, Op, TableInfo
 from cdc.sources.mssql_catalog import DescribedTable
-from cdc.sources.mssql_link import Link, execute, fetch_all, fetch_scalar, rollback_quietly
+from cdc.sources.mssql_link import Link, execute, fetch_all, fetch_one, fetch_scalar, rollback_quietly
 from cdc.sources.mssql_types import convert
+
+# -- the table read is the table described ---------------------------------------
+
+
+def check_identity(info: TableInfo, object_id: Any) -> None:
+    """``object_id``: OBJECT_ID of the table's name, read in the read's own
+    transaction. A table dropped and created again under its name is another
+    object, whose tracking starts afresh (DROP TABLE removes all of a table's
+    change tracking information: "Manage change tracking", learn.microsoft.com):
+    reading it with what was described of the old one would pass its changes
+    off as the old table's."""
+    if object_id is None:
+        raise SchemaError(
+            f"{info.table}: the table is gone (dropped, or renamed, or the login can no longer see it) "
+            "while it was read: it will be described again"
+        )
+    if info.identity and str(object_id) != info.identity:
+        raise SchemaError(
+            f"{info.table}: the table was dropped and created again since it was described (object_id "
+            f"{info.identity}, now {object_id}): it will be described again"
+        )
+
+
+def converted(described: DescribedTable, names: Sequence[str], raw: Sequence[Any]) -> dict[str, Any]:
+    """``names`` -> their values converted for their described types. A value
+    that its described type cannot read means the column was retyped since
+    the describe (ALTER COLUMN): a SchemaError naming it, never a crash."""
+    try:
+        return {name: convert(described.converters[name], v) for name, v in zip(names, raw, strict=True)}
+    except (ValueError, TypeError, ArithmeticError) as exc:
+        raise SchemaError(_unreadable(described, names, raw, exc)) from exc
+
+
+def _unreadable(described: DescribedTable, names: Sequence[str], raw: Sequence[Any], exc: Exception) -> str:
+    table = described.info.table
+    again = "the table changed while it was read; it will be described again"
+    if len(names) != len(raw):
+        return f"{table}: a row came back with {len(raw)} columns, not {len(names)}: {again}"
+    types = {c.name: c.type_name for c in described.info.columns}
+    for name, value in zip(names, raw, strict=True):
+        try:
+            convert(described.converters[name], value)
+        except (ValueError, TypeError, ArithmeticError):
+            return (
+                f"{table}: column {name} holds {value!r}, which its described type {types.get(name)} cannot "
+                f"read ({exc}): {again} (ALTER COLUMN?)"
+            )
+    return f"{table}: a value could not be read ({exc}): {again}"
+
 
 # -- changes -------------------------------------------------------------------
 
@@ -41,10 +90,7 @@ from cdc.sources.mssql_types import convert
 def check_versions(table: str, since: int, min_valid: Any, current: Any, upto: int | None) -> int:
     """The checks of SQLSERVER.md, in order; return the read's upper bound."""
     if min_valid is None:
-        raise TrackingNotEnabled(
-            f"{table}: CHANGE_TRACKING_MIN_VALID_VERSION is NULL: change tracking is off for the table, "
-            "or the login lacks VIEW CHANGE TRACKING on it"
-        )
+        raise TrackingNotEnabled(min_valid_is_null(table))
     if current is None:
         raise TrackingNotEnabled(
             f"{table}: CHANGE_TRACKING_CURRENT_VERSION() is NULL: change tracking is off"
@@ -70,6 +116,14 @@ def check_versions(table: str, since: int, min_valid: Any, current: Any, upto: i
     return upto
 
 
+def min_valid_is_null(table: str) -> str:
+    return (
+        f"{table}: CHANGE_TRACKING_MIN_VALID_VERSION is NULL: change tracking is off for the table (turned off, "
+        "or the table was dropped and created again), or the login lacks VIEW CHANGE TRACKING on it: run "
+        f"`cdc tracking enable --table {table}` (or GRANT VIEW CHANGE TRACKING on the table)"
+    )
+
+
 def decode_change(described: DescribedTable, since: int, row: Sequence[Any]) -> ChangeRow:
     """One CHANGETABLE row (the layout of ``mssql_sql.changes``) as a ChangeRow."""
     version, creation, operation, mask = row[0], row[1], row[2], row[3]
@@ -78,10 +132,7 @@ def decode_change(described: DescribedTable, since: int, row: Sequence[Any]) -> 
     key_raw = row[4 : 4 + n_key]
     values_raw = row[4 + n_key : 4 + n_key + n_columns]
     flags = row[4 + n_key + n_columns :]
-    key = {
-        name: convert(described.converters[name], v)
-        for name, v in zip(shape.primary_key, key_raw, strict=True)
-    }
+    key = converted(described, shape.primary_key, key_raw)
     # t.<first key column> is NULL only when the LEFT JOIN found no row: the row is gone.
     # A D stays a D, even one whose row was created after `since` (inserted and deleted
     # in between): deleting a document that does not exist is harmless, while dropping
@@ -89,10 +140,7 @@ def decode_change(described: DescribedTable, since: int, row: Sequence[Any]) -> 
     if operation == "D" or values_raw[0] is None:
         return ChangeRow(op="D", version=int(version), key=key, values=None, changed_columns=None)
     op: Op = "I" if creation is not None and creation > since else "U"
-    values = {
-        name: convert(described.converters[name], v)
-        for name, v in zip(shape.columns, values_raw, strict=True)
-    }
+    values = converted(described, shape.columns, values_raw)
     changed: frozenset[str] | None = None
     if op == "U" and described.track_columns_updated and mask is not None:
         # NULL SYS_CHANGE_COLUMNS means "unknown" (every column changed, or no column tracking).
@@ -155,7 +203,8 @@ def first_page(
         execute(conn, sql.SET_SNAPSHOT)
         execute(conn, sql.BEGIN)
         try:
-            min_valid = fetch_scalar(conn, sql.min_valid_version(info.schema, info.name))
+            min_valid, object_id = fetch_one(conn, sql.min_valid_version(info.schema, info.name))
+            check_identity(info, object_id)
             current = fetch_scalar(conn, sql.CURRENT_VERSION)
             bound = check_versions(info.table, since, min_valid, current, upto)
             statement = sql.changes(described.shape, since=since, upto=bound, limit=limit + 1, after=cursor)
@@ -207,16 +256,12 @@ def snapshot_begin(conn: Any, info: TableInfo) -> tuple[int, int | None]:
         raise TrackingNotEnabled(
             f"{info.table}: CHANGE_TRACKING_CURRENT_VERSION() is NULL: change tracking is off"
         )
-    if fetch_scalar(conn, sql.min_valid_version(info.schema, info.name)) is None:
-        raise TrackingNotEnabled(
-            f"{info.table}: CHANGE_TRACKING_MIN_VALID_VERSION is NULL: change tracking is off for the table, "
-            "or the login lacks VIEW CHANGE TRACKING on it"
-        )
+    min_valid, object_id = fetch_one(conn, sql.min_valid_version(info.schema, info.name))
+    check_identity(info, object_id)
+    if min_valid is None:
+        raise TrackingNotEnabled(min_valid_is_null(info.table))
     return int(current), None if estimate is None else int(estimate)
 
 
 def snapshot_row(described: DescribedTable, row: Sequence[Any]) -> dict[str, Any]:
-    return {
-        name: convert(described.converters[name], v)
-        for name, v in zip(described.shape.columns, row, strict=True)
-    }
+    return converted(described, described.shape.columns, row)

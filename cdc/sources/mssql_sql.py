@@ -12,7 +12,8 @@ The statements of one poll, in one SNAPSHOT transaction (SQLSERVER.md)::
 
     SET TRANSACTION ISOLATION LEVEL SNAPSHOT
     BEGIN TRANSACTION
-    SELECT CHANGE_TRACKING_MIN_VALID_VERSION(OBJECT_ID(?))   -- NULL: error
+    SELECT CHANGE_TRACKING_MIN_VALID_VERSION(OBJECT_ID(?)),  -- NULL: error
+           OBJECT_ID(?)                                   -- not the described table: error
     SELECT CHANGE_TRACKING_CURRENT_VERSION()                 -- NULL: error
     SELECT TOP (?) ct.SYS_CHANGE_VERSION, ... FROM CHANGETABLE(CHANGES [s].[t], ?) AS ct
       LEFT JOIN [s].[t] AS t ON <pk equality> WHERE ct.SYS_CHANGE_VERSION <= ? [AND (version, pk) > after]
@@ -92,9 +93,13 @@ CURRENT_VERSION = Statement("SELECT CHANGE_TRACKING_CURRENT_VERSION() AS current
 
 
 def min_valid_version(schema: str, name: str) -> Statement:
+    """The table's minimum valid version and its object_id now, in one round
+    trip: the object_id tells a read whether the table it described is the
+    one it is reading (a table dropped and created again under the name has a
+    new one; NULL: gone, or renamed)."""
     return Statement(
-        "SELECT CHANGE_TRACKING_MIN_VALID_VERSION(OBJECT_ID(?)) AS min_valid_version",
-        (qualified(schema, name),),
+        "SELECT CHANGE_TRACKING_MIN_VALID_VERSION(OBJECT_ID(?)) AS min_valid_version, OBJECT_ID(?) AS object_id",
+        (qualified(schema, name),) * 2,
     )
 
 
@@ -236,6 +241,72 @@ DATABASE_SETTINGS = (
     "LEFT JOIN sys.change_tracking_databases AS ctd ON ctd.database_id = d.database_id "
     "WHERE d.database_id = DB_ID()"
 )
+
+
+# -- shape fingerprints and table states, many tables per statement -------------------------
+#
+# One row per requested table, in request order (``r.n``), the names handed
+# over as parameters ``(VALUES (0, ?), (1, ?), ...)``: the statement text
+# depends only on how many tables are asked about, so a poll of the same
+# tables reuses one cached plan. A name that is no table (dropped, renamed, a
+# view, invisible to the login) comes back with a NULL object_id.
+
+FINGERPRINT_BATCH = 2000  # tables per statement: one parameter each, under MAX_PARAMETERS
+_PER_TABLE = (
+    "FROM (VALUES {rows}) AS r(n, name) "
+    "LEFT JOIN sys.tables AS o ON o.object_id = OBJECT_ID(r.name) "
+    "LEFT JOIN sys.change_tracking_tables AS ctt ON ctt.object_id = o.object_id "
+    "ORDER BY r.n"
+)
+# The shape as text. Every column in column_id order, with its column_id: the
+# ids are what SYS_CHANGE_COLUMNS is made of (CHANGE_TRACKING_IS_COLUMN_IN_MASK
+# takes COLUMNPROPERTY(..., 'ColumnId'), that is sys.columns.column_id), and a
+# column dropped and added again under its name gets a new one. QUOTENAME keeps
+# the text unambiguous whatever the names hold; the casts to nvarchar(max)
+# keep STRING_AGG (SQL Server 2017+, any compatibility level) clear of its
+# 8000-byte limit on wide tables. Tracking: whether sys.change_tracking_tables
+# lists the table ("one row for each table ... that has change tracking
+# enabled") and its is_track_columns_updated_on.
+FINGERPRINT = (
+    "SELECT r.n, o.object_id, CONCAT(N'object ', o.object_id, N'; columns ', "
+    "(SELECT STRING_AGG(CAST(CONCAT(c.column_id, N' ', QUOTENAME(c.name), N' ', c.system_type_id, N'/', "
+    "c.user_type_id, N' ', c.max_length, N' ', c.precision, N' ', c.scale, N' ', c.is_nullable, "
+    "c.is_computed) AS nvarchar(max)), N', ') WITHIN GROUP (ORDER BY c.column_id) "
+    "FROM sys.columns AS c WHERE c.object_id = o.object_id), N'; key ', "
+    "(SELECT STRING_AGG(CAST(QUOTENAME(c.name) AS nvarchar(max)), N', ') WITHIN GROUP (ORDER BY ic.key_ordinal) "
+    "FROM sys.indexes AS i "
+    "JOIN sys.index_columns AS ic ON ic.object_id = i.object_id AND ic.index_id = i.index_id "
+    "JOIN sys.columns AS c ON c.object_id = ic.object_id AND c.column_id = ic.column_id "
+    "WHERE i.object_id = o.object_id AND i.is_primary_key = 1 AND ic.key_ordinal > 0), N'; tracking ', "
+    "CASE WHEN ctt.object_id IS NULL THEN N'off' WHEN ctt.is_track_columns_updated_on = 1 "
+    "THEN N'on, columns updated on' ELSE N'on, columns updated off' END) AS fingerprint "
+) + _PER_TABLE
+# What `cdc tracking status` reports per table. The minimum valid version is
+# read for tables sys.change_tracking_tables lists only: for any other table
+# changes are not captured, whatever the function returns.
+TABLE_STATES = (
+    "SELECT r.n, o.object_id, ctt.object_id AS tracked_object_id, ctt.is_track_columns_updated_on, "
+    "CASE WHEN ctt.object_id IS NULL THEN NULL ELSE CHANGE_TRACKING_MIN_VALID_VERSION(o.object_id) END "
+    "AS min_valid_version "
+) + _PER_TABLE
+
+
+def fingerprints(names: Sequence[tuple[str, str]]) -> Statement:
+    """Rows (n, object_id, fingerprint) for the (schema, name) tables, in order."""
+    return _per_table(FINGERPRINT, names)
+
+
+def table_states(names: Sequence[tuple[str, str]]) -> Statement:
+    """Rows (n, object_id, tracked_object_id, is_track_columns_updated_on,
+    min_valid_version) for the (schema, name) tables, in order."""
+    return _per_table(TABLE_STATES, names)
+
+
+def _per_table(template: str, names: Sequence[tuple[str, str]]) -> Statement:
+    if not 0 < len(names) <= FINGERPRINT_BATCH:
+        raise ValueError(f"ask about 1 to {FINGERPRINT_BATCH} tables per statement, not {len(names)}")
+    rows = ", ".join(f"({n}, ?)" for n in range(len(names)))  # n: a position, never a name
+    return Statement(template.format(rows=rows), tuple(qualified(schema, name) for schema, name in names))
 
 
 def columns(schema: str, name: str) -> Statement:

@@ -20,7 +20,7 @@ from cdc.errors import SchemaError
 from cdc.sources import mssql_sql as sql
 from cdc.sources.base import TrackingStatus
 from cdc.sources.mssql_errors import NO_PRIMARY_KEY, error_parts
-from cdc.sources.mssql_link import execute, fetch_one, fetch_scalar
+from cdc.sources.mssql_link import execute, fetch_all, fetch_one, fetch_scalar
 
 
 @dataclass(frozen=True)
@@ -117,29 +117,70 @@ def disable(conn: Any, tables: Sequence[TableConfig]) -> list[str]:
 
 
 def status(conn: Any, tables: Sequence[TableConfig]) -> list[TrackingStatus]:
+    """Each table's tracking, from one statement for all of them (``TABLE_STATES``)."""
     db = database_settings(conn)
     current = fetch_scalar(conn, sql.CURRENT_VERSION)
-    out = []
-    for table_config in tables:
-        tracking = fetch_one(conn, sql.table_tracking(table_config.schema, table_config.name))
-        min_valid = fetch_scalar(conn, sql.min_valid_version(table_config.schema, table_config.name))
-        if not db.tracking:
-            detail = f"change tracking is off for database {db.name}"
-        elif tracking is None:
-            detail = "change tracking is off for the table (or it does not exist)"
-        else:
-            columns = "ON" if tracking[0] else "OFF"
-            detail = (
-                f"TRACK_COLUMNS_UPDATED = {columns}; retention {db.retention_text}; "
-                f"snapshot isolation {db.snapshot_desc}"
-            )
-        out.append(
-            TrackingStatus(
-                table=table_config.table,
-                enabled=tracking is not None and db.tracking,
-                min_valid_version=None if min_valid is None else int(min_valid),
-                current_version=None if current is None else int(current),
-                detail=detail,
-            )
+    rows: list[Any] = []
+    names = [(t.schema, t.name) for t in tables]
+    for start in range(0, len(names), sql.FINGERPRINT_BATCH):
+        rows += fetch_all(conn, sql.table_states(names[start : start + sql.FINGERPRINT_BATCH]))
+    return [
+        table_status(table_config.table, db, TableState.of(row), current)
+        for table_config, row in zip(tables, rows, strict=True)
+    ]
+
+
+@dataclass(frozen=True)
+class TableState:
+    """A table as sys.tables and sys.change_tracking_tables show it."""
+
+    exists: bool  # OBJECT_ID of the name is a user table (NULL: dropped, renamed, invisible)
+    tracked: bool  # listed in sys.change_tracking_tables: change tracking is enabled on it
+    track_columns_updated: bool
+    min_valid_version: int | None
+
+    @classmethod
+    def of(cls, row: Any) -> TableState:
+        _, object_id, tracked_object_id, columns_updated, min_valid = row
+        return cls(
+            object_id is not None,
+            tracked_object_id is not None,
+            bool(columns_updated),
+            None if min_valid is None else int(min_valid),
         )
-    return out
+
+
+def table_status(table: str, db: DatabaseSettings, state: TableState, current: Any) -> TrackingStatus:
+    """What ``tracking status`` reports. ``min_valid_version`` is None unless
+    changes are captured: the database tracks changes and the table is in
+    sys.change_tracking_tables. A table dropped (and maybe created again) has
+    lost its tracking: DROP TABLE removes it ("Manage change tracking",
+    learn.microsoft.com); created again, it is tracked from when tracking is
+    enabled on it, CHANGE_TRACKING_MIN_VALID_VERSION being then the version of
+    that moment."""
+    captured = db.tracking and state.tracked and state.min_valid_version is not None
+    enable = f"run `cdc tracking enable --table {table}`"
+    if not db.tracking:
+        detail = f"change tracking is off for database {db.name}: run `cdc tracking enable`"
+    elif not state.exists:
+        detail = "no such table (dropped, or renamed, or the login cannot see it)"
+    elif not state.tracked:
+        detail = (
+            "change tracking is off for the table (never enabled, turned off, or the table was created "
+            f"again): {enable}"
+        )
+    elif state.min_valid_version is None:  # NULL for a tracked table: "insufficient permission"
+        detail = "tracked, but CHANGE_TRACKING_MIN_VALID_VERSION is NULL: the login lacks VIEW CHANGE TRACKING on it"
+    else:
+        columns = "ON" if state.track_columns_updated else "OFF"
+        detail = (
+            f"TRACK_COLUMNS_UPDATED = {columns}; retention {db.retention_text}; "
+            f"snapshot isolation {db.snapshot_desc}"
+        )
+    return TrackingStatus(
+        table=table,
+        enabled=captured,
+        min_valid_version=state.min_valid_version if captured else None,
+        current_version=None if current is None else int(current),
+        detail=detail,
+    )

@@ -307,6 +307,10 @@ class FakeOdbc:
         self.catalog = list(CATALOG)
         self.primary_key = [("Id",)]
         self.tracking: list[tuple[Any, ...]] = [(1, 0)]
+        # what SQL Server would answer for the table's object_id and shape text: scripted, as
+        # the rest (the fake only hands them back; it computes no fingerprint)
+        self.object_id: int | None = 1000
+        self.fingerprint = "object 1000; shape 1"
         self.min_valid: int | None = 0
         self.current: int | None = 10
         self.database = (
@@ -348,7 +352,19 @@ class FakeOdbc:
             conn.view = None
         min_valid, current = (self.min_valid, self.current) if conn.view is None else conn.versions
         if "CHANGE_TRACKING_MIN_VALID_VERSION(OBJECT_ID(?)) AS" in text:
-            return [(min_valid,)]
+            return [(min_valid, self.object_id)]
+        if "AS fingerprint FROM (VALUES" in text:
+            return [(n, *self.found(name, self.fingerprint)) for n, name in enumerate(params)]
+        if "AS min_valid_version FROM (VALUES" in text:
+            tracked = self.tracking[0] if self.tracking else None
+            return [
+                (
+                    n,
+                    self.found(name, None)[0],
+                    *((self.object_id, tracked[0], min_valid) if tracked else (None,) * 3),
+                )
+                for n, name in enumerate(params)
+            ]
         if text == sql.CURRENT_VERSION.sql:
             return [(current,)]
         if text == sql.COLUMNS:
@@ -366,6 +382,12 @@ class FakeOdbc:
         if text.startswith("SELECT TOP (?)"):
             return (conn.view or self.db).execute(to_sqlite(text, params)).fetchall()
         return []
+
+    def found(self, name: str, fingerprint: str | None) -> tuple[int | None, str | None]:
+        """(object_id, fingerprint) of a table asked about by name: only dbo.Forecasts exists."""
+        if name != "[dbo].[Forecasts]" or self.object_id is None:
+            return None, None
+        return self.object_id, fingerprint
 
 
 def _database(contents: sqlite3.Connection | None = None) -> sqlite3.Connection:

@@ -30,7 +30,7 @@ from cdc.errors import (
 from cdc.sources import mssql_types as types
 from cdc.sources.mssql import MssqlSource
 from cdc.sources.mssql_dsn import describe_dsn, parse_dsn, scrub
-from cdc.sources.mssql_errors import connect_error, map_error
+from cdc.sources.mssql_errors import connect_error, error_parts, map_error
 from cdc.values import encode_value
 
 # -- converters -------------------------------------------------------------------
@@ -230,12 +230,80 @@ def test_other_error_numbers() -> None:
         odbc_error(pyodbc.ProgrammingError, "42000", "Snapshot isolation not allowed", 3952), DSN
     )
     assert type(snapshot) is SourceError and "ALLOW_SNAPSHOT_ISOLATION ON" in str(snapshot)
-    tracking = map_error(
-        odbc_error(pyodbc.ProgrammingError, "42000", "Change tracking is not enabled", 22105), DSN
+    other = map_error(odbc_error(pyodbc.ProgrammingError, "42000", "Something else went wrong.", 8134), DSN)
+    assert type(other) is SourceError and "Something else went wrong" in str(other)
+
+
+# What a read or snapshot raises when the table changed under it (the texts of sys.messages).
+CHANGED_UNDER_A_READ = [
+    ("42S22", 207, "Invalid column name 'Status'.", SchemaError, "a column it reads was dropped or renamed"),
+    ("42S02", 208, "Invalid object name 'dbo.Forecasts'.", SchemaError, "dropped, or renamed"),
+    (
+        "42S02",
+        4902,
+        'Cannot find the object "dbo.Forecasts" because it does not exist or you do not have permissions.',
+        SchemaError,
+        "dropped, or renamed",
+    ),
+    (
+        "42000",
+        22105,
+        "Change tracking is not enabled on table 'dbo.Forecasts'.",
+        TrackingNotEnabled,
+        "`cdc tracking enable --table dbo.Forecasts`",
+    ),
+    (
+        "42000",
+        4998,
+        "Change tracking is not enabled on table 'dbo.Forecasts'.",
+        TrackingNotEnabled,
+        "`cdc tracking enable --table dbo.Forecasts`",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("state", "native", "text", "kind", "why"),
+    CHANGED_UNDER_A_READ,
+    ids=[str(c[1]) for c in CHANGED_UNDER_A_READ],
+)
+def test_a_table_changed_under_a_read_is_a_schema_or_tracking_error_of_that_table(
+    state: str, native: int, text: str, kind: type[Exception], why: str
+) -> None:
+    """Never SourceUnavailable (no retrying the same statement) nor a bare
+    SourceError: the table is described again, which says what happened."""
+    _, natives, _ = error_parts(odbc_error(pyodbc.ProgrammingError, state, text, native))
+    assert natives == {native}
+    error = map_error(odbc_error(pyodbc.ProgrammingError, state, text, native), DSN, "dbo.Forecasts")
+    assert type(error) is kind and error.exit_code == 2
+    message = str(error)
+    assert message.startswith("dbo.Forecasts: ") and why in message and f"(error {native})" in message
+    assert "will be described again" in message and "pa;ss" not in message
+
+
+def test_a_ddl_conflict_in_a_snapshot_transaction_stays_transient() -> None:
+    """3961: the DDL committed after the read's SNAPSHOT transaction began. The
+    retry runs in a new transaction, which sees the table as it is now (and
+    then fails with 207/208 above, or reads the new shape)."""
+    text = (
+        "Snapshot isolation transaction failed in database 'CdcDemo' because the object accessed by the "
+        "statement has been modified by a DDL statement in another concurrent transaction since the start "
+        "of this transaction."
     )
-    assert isinstance(tracking, TrackingNotEnabled)
-    other = map_error(odbc_error(pyodbc.ProgrammingError, "42S02", "Invalid object name 'dbo.X'.", 208), DSN)
-    assert type(other) is SourceError and "Invalid object name" in str(other)
+    error = map_error(odbc_error(pyodbc.ProgrammingError, "42000", text, 3961), DSN, "dbo.Forecasts")
+    assert isinstance(error, SourceUnavailable)
+
+
+def test_several_errors_in_one_message_are_all_read() -> None:
+    """The Microsoft driver joins the messages of one failed statement."""
+    exc = pyodbc.ProgrammingError(
+        "42S22",
+        "[42S22] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Invalid column name 'Status'. (207) "
+        "(SQLExecDirectW); [42S22] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Statement(s) could "
+        "not be prepared. (8180)",
+    )
+    assert error_parts(exc)[1] == {207, 8180}
+    assert isinstance(map_error(exc, DSN, "dbo.Forecasts"), SchemaError)
 
 
 def test_connect_errors_at_start_up_and_when_reconnecting() -> None:
