@@ -10,7 +10,8 @@
   their exact text is asserted instead.
 - Placeholders are counted on the parsed tree and must match the parameters.
 - ``FakeOdbc`` records the statements the source sends, in order, on which
-  thread. It answers the catalog and version queries from a script, and runs
+  thread. It answers the catalog and version queries, and a table's object_id
+  and fingerprint text, from a script (it never computes one), and runs
   the change and snapshot queries (translated by sqlglot) on sqlite with a
   ``ct_src`` table standing in for CHANGETABLE: that checks the query's logic
   (LEFT JOIN, keyset pages, ``<= upto``), never SQL Server's behaviour, which
@@ -130,6 +131,8 @@ def every_statement() -> list[sql.Statement]:
             sql.columns(shape.schema, shape.name),
             sql.primary_key(shape.schema, shape.name),
             sql.table_tracking(shape.schema, shape.name),
+            sql.fingerprints([(shape.schema, shape.name), ("dbo", "Other")]),
+            sql.table_states([(shape.schema, shape.name), ("dbo", "Other")]),
             sql.table_permissions(shape.schema, shape.name),
             sql.row_estimate(shape.schema, shape.name),
             sql.enable_table_tracking(shape.schema, shape.name),
@@ -356,15 +359,7 @@ class FakeOdbc:
         if "AS fingerprint FROM (VALUES" in text:
             return [(n, *self.found(name, self.fingerprint)) for n, name in enumerate(params)]
         if "AS min_valid_version FROM (VALUES" in text:
-            tracked = self.tracking[0] if self.tracking else None
-            return [
-                (
-                    n,
-                    self.found(name, None)[0],
-                    *((self.object_id, tracked[0], min_valid) if tracked else (None,) * 3),
-                )
-                for n, name in enumerate(params)
-            ]
+            return [self.state(n, name, min_valid) for n, name in enumerate(params)]
         if text == sql.CURRENT_VERSION.sql:
             return [(current,)]
         if text == sql.COLUMNS:
@@ -382,6 +377,13 @@ class FakeOdbc:
         if text.startswith("SELECT TOP (?)"):
             return (conn.view or self.db).execute(to_sqlite(text, params)).fetchall()
         return []
+
+    def state(self, n: int, name: str, min_valid: int | None) -> tuple[Any, ...]:
+        """A TABLE_STATES row: (n, object_id, tracked object_id, columns updated, min valid version)."""
+        object_id = self.found(name, None)[0]
+        if object_id is None or not self.tracking:
+            return n, object_id, None, None, None
+        return n, object_id, object_id, self.tracking[0][0], min_valid
 
     def found(self, name: str, fingerprint: str | None) -> tuple[int | None, str | None]:
         """(object_id, fingerprint) of a table asked about by name: only dbo.Forecasts exists."""
@@ -479,6 +481,8 @@ def to_sqlite(text: str, params: Sequence[Any]) -> str:
 
 def _kind(text: str) -> str:
     for marker, kind in (
+        ("AS fingerprint FROM (VALUES", "FINGERPRINT"),
+        ("AS min_valid_version FROM (VALUES", "STATES"),
         ("SET TRANSACTION ISOLATION LEVEL SNAPSHOT", "SNAPSHOT"),
         ("SET TRANSACTION ISOLATION LEVEL READ COMMITTED", "READ COMMITTED"),
         ("BEGIN TRANSACTION", "BEGIN"),
@@ -862,6 +866,184 @@ async def test_an_abandoned_snapshot_rolls_back_and_closes_its_connection(fake: 
     await snapshot.aclose()
     assert fake.statements()[-2:] == ["ROLLBACK", "CLOSE"]
     assert "COMMIT" not in fake.statements()
+    await source.close()
+
+
+# -- shape changes: fingerprints, identity, stale TableInfo, errors of a changed table --------
+
+
+async def test_fingerprints_of_many_tables_are_one_statement(fake: FakeOdbc) -> None:
+    source = MssqlSource(CONFIG, connector=fake.connect)
+    others = [
+        dataclasses.replace(table_config(), table=f"dbo.Other{i}", name=f"Other{i}", section=f"o{i}")
+        for i in range(49)
+    ]
+    found = await source.fingerprints([table_config(), *others])
+    assert found == {"dbo.Forecasts": "object 1000; shape 1", **{t.table: None for t in others}}
+    [(text, params)] = [(t, p) for t, p in fake.log if _kind(t) == "FINGERPRINT"]
+    assert len(fake.log) == 1  # one round trip: no SET, nothing else
+    assert params == ("[dbo].[Forecasts]", *(f"[dbo].[Other{i}]" for i in range(49)))
+    assert "Other" not in text and "Forecasts" not in text  # names are parameters, never pasted
+    assert await source.fingerprints([]) == {} and len(fake.log) == 1
+    await source.close()
+
+
+async def test_more_tables_than_one_statement_takes_are_asked_about_in_batches(fake: FakeOdbc) -> None:
+    source = MssqlSource(CONFIG, connector=fake.connect)
+    many = [dataclasses.replace(table_config(), table=f"dbo.T{i}", name=f"T{i}") for i in range(4001)]
+    found = await source.fingerprints([*many, table_config()])
+    assert [len(p) for t, p in fake.log] == [sql.FINGERPRINT_BATCH, sql.FINGERPRINT_BATCH, 2]
+    assert list(found) == [t.table for t in many] + ["dbo.Forecasts"]
+    assert found["dbo.Forecasts"] == "object 1000; shape 1" and found["dbo.T0"] is None
+    await source.close()
+
+
+async def test_describe_reads_the_fingerprint_first_and_reports_the_object(fake: FakeOdbc) -> None:
+    source, info = await described(fake)
+    assert fake.statements()[:3] == ["READ COMMITTED", "FINGERPRINT", "CATALOG"]
+    assert (info.identity, info.fingerprint, info.left_out) == ("1000", "object 1000; shape 1", ())
+    fake.object_id = None  # gone
+    with pytest.raises(SchemaError, match=r"dbo\.Forecasts: no such table"):
+        await source.describe(table_config())
+    await source.close()
+
+
+RESERVED_COLUMN = (5, "@flag", "bit", "bit", 0, 1, 1, 0, 1, 0)
+
+
+async def test_reserved_columns_are_left_out_with_a_warning(
+    fake: FakeOdbc, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.catalog.append(RESERVED_COLUMN)
+    with caplog.at_level("WARNING", logger="cdc.sources.mssql"):
+        source, info = await described(fake, columns=None)
+    assert "@flag" not in info.column_names and info.left_out == ("@flag",)
+    [record] = [r for r in caplog.records if r.name == "cdc.sources.mssql"]
+    assert (record.table, record.column) == ("dbo.Forecasts", "@flag")  # type: ignore[attr-defined]
+    assert "reserved" in record.getMessage()
+    put(fake, [(1, "1.00", "a", 2)], [(8, 8, "I", None, 1)])
+    [change] = (await source.read_changes(info, 5, limit=10)).rows
+    assert set(change.values or {}) == {"Id", "Price", "Status", "Doubled"}  # the read follows the info
+    caplog.clear()
+    await source.describe(table_config())  # an explicit list: nothing left out, nothing to warn about
+    assert not caplog.records
+    await source.close()
+
+
+async def test_a_reserved_primary_key_column_is_refused_by_name(fake: FakeOdbc) -> None:
+    fake.catalog[0] = (1, "@id", "int", "int", 0, 4, 10, 0, 0, 0)
+    fake.primary_key = [("@id",)]
+    with pytest.raises(SchemaError, match=r"dbo\.Forecasts: primary-key column @id .*reserved"):
+        await described(fake, columns=None)
+
+
+async def test_a_read_with_an_outdated_table_info_is_refused_before_reading(fake: FakeOdbc) -> None:
+    """A caller still holding the TableInfo of before a change must describe
+    the table again: the read neither uses the old shape nor the new one."""
+    source, old = await described(fake)
+    fake.catalog[2] = (3, "Status", "nvarchar", "nvarchar", 0, 200, 0, 0, 1, 0)  # ALTER COLUMN nvarchar(100)
+    fake.fingerprint = "object 1000; shape 2"
+    new = await source.describe(table_config())
+    assert new != old and new.fingerprint == "object 1000; shape 2"
+    fake.log.clear()
+    with pytest.raises(
+        SchemaError, match=r"dbo\.Forecasts: the table changed since it was described \(column Status"
+    ):
+        await source.read_changes(old, 5, limit=10)
+    with pytest.raises(SchemaError, match="described again"):
+        [page async for page in source.snapshot(old, page_size=10)]
+    assert "CHANGES" not in fake.statements() and "PAGE" not in fake.statements()
+    assert (await source.read_changes(new, 5, limit=10)).next_version == 10  # the new info reads
+    await source.close()
+
+
+@pytest.mark.parametrize(
+    ("object_id", "words"),
+    [
+        (2000, "dropped and created again since it was described (object_id 1000, now 2000)"),
+        (None, "is gone"),
+    ],
+)
+async def test_a_read_checks_it_reads_the_table_it_described(
+    fake: FakeOdbc, object_id: int | None, words: str
+) -> None:
+    """OBJECT_ID of the name is read in the read's own transaction, with the
+    minimum valid version: a table dropped and created again is another object."""
+    source, info = await described(fake)
+    fake.object_id = object_id
+    fake.log.clear()
+    with pytest.raises(SchemaError) as caught:
+        await source.read_changes(info, 5, limit=10)
+    assert words in str(caught.value) and "described again" in str(caught.value)
+    assert fake.statements() == ["SNAPSHOT", "BEGIN", "MIN_VALID", "ROLLBACK"]
+    with pytest.raises(SchemaError, match="described again"):
+        [page async for page in source.snapshot(info, page_size=10)]
+    await source.close()
+
+
+async def test_mask_column_ids_are_looked_up_by_name_in_every_read(fake: FakeOdbc) -> None:
+    """CHANGE_TRACKING_IS_COLUMN_IN_MASK takes a column id, and a column
+    dropped and added again gets a new one: the ids come from
+    COLUMNPROPERTY(OBJECT_ID(name), column name, 'ColumnId') in the read's own
+    statement, never from an id cached at describe."""
+    source, info = await described(fake)
+    fake.log.clear()
+    await source.read_changes(info, 5, limit=10)
+    [(text, params)] = [(t, p) for t, p in fake.log if _kind(t) == "CHANGES"]
+    assert text.count("COLUMNPROPERTY(OBJECT_ID(?), ?, 'ColumnId')") == 2
+    assert params[1:5] == ("[dbo].[Forecasts]", "Price", "[dbo].[Forecasts]", "Status")
+    await source.close()
+
+
+@pytest.mark.parametrize(
+    ("native", "text", "error"),
+    [
+        (207, "Invalid column name 'Status'.", SchemaError),
+        (208, "Invalid object name 'dbo.Forecasts'.", SchemaError),
+        (22105, "Change tracking is not enabled on table 'dbo.Forecasts'.", TrackingNotEnabled),
+    ],
+)
+async def test_a_read_of_a_table_changed_under_it_fails_for_that_table_only(
+    fake: FakeOdbc, native: int, text: str, error: type[Exception]
+) -> None:
+    source, info = await described(fake)
+    fake.fail = lambda sent: (
+        pyodbc.ProgrammingError("42000", f"[42000] [FreeTDS][SQL Server]{text} ({native}) (SQLExecDirectW)")
+        if "CHANGETABLE" in sent
+        else None
+    )
+    with pytest.raises(error, match=r"^dbo\.Forecasts: .*described again"):
+        await source.read_changes(info, 5, limit=10)
+    assert fake.statements()[-2:] == ["CHANGES", "ROLLBACK"]  # rolled back; the connection kept
+    fake.fail = lambda sent: None
+    assert (await source.read_changes(info, 5, limit=10)).next_version == 10
+    assert fake.connections == 2  # describe's and the one reader's
+    await source.close()
+
+
+async def test_a_value_its_described_type_cannot_read_is_a_schema_error(fake: FakeOdbc) -> None:
+    """ALTER COLUMN Price nvarchar(20) between two fingerprint polls: the read
+    names the column instead of failing with a ValueError."""
+    source, info = await described(fake)
+    put(fake, [(1, "twelve", "x", 2)], [(8, 8, "I", None, 1)])
+    with pytest.raises(SchemaError, match=r"dbo\.Forecasts: column Price holds 'twelve'.*decimal\(12,2\)"):
+        await source.read_changes(info, 5, limit=10)
+    with pytest.raises(SchemaError, match="column Price"):
+        [page async for page in source.snapshot(info, page_size=10)]
+    await source.close()
+
+
+async def test_tracking_status_has_no_minimum_version_unless_the_table_is_tracked(fake: FakeOdbc) -> None:
+    source = MssqlSource(CONFIG, connector=fake.connect)
+    other = dataclasses.replace(table_config(), table="dbo.Gone", name="Gone")
+    tracked, gone = await source.tracking_status([table_config(), other])
+    assert [_kind(t) for t, _ in fake.log].count("STATES") == 1  # one statement for every table
+    assert (tracked.enabled, tracked.min_valid_version) == (True, 0)
+    assert (gone.enabled, gone.min_valid_version) == (False, None) and "no such table" in gone.detail
+    fake.tracking = []  # turned off, or created again and not enabled yet
+    [off] = await source.tracking_status([table_config()])
+    assert (off.enabled, off.min_valid_version) == (False, None)
+    assert "`cdc tracking enable --table dbo.Forecasts`" in off.detail
     await source.close()
 
 
