@@ -247,9 +247,10 @@ DATABASE_SETTINGS = (
 #
 # One row per requested table, in request order (``r.n``), the names handed
 # over as parameters ``(VALUES (0, ?), (1, ?), ...)``: the statement text
-# depends only on how many tables are asked about, so a poll of the same
-# tables reuses one cached plan. A name that is no table (dropped, renamed, a
-# view, invisible to the login) comes back with a NULL object_id.
+# depends only on how many tables are asked about, so every poll of the same
+# tables sends the same text (SQL Server can reuse its plan). A name that is no
+# table (dropped, renamed, a view, invisible to the login) comes back with a
+# NULL object_id.
 
 FINGERPRINT_BATCH = 2000  # tables per statement: one parameter each, under MAX_PARAMETERS
 _PER_TABLE = (

@@ -5,6 +5,12 @@ in which the login may ALTER DATABASE and create tables), or a SQL Server 2022
 container when a Docker engine answers. Otherwise they are skipped with the
 reason, even under CI=true: no SQL Server can run on the project's machines,
 so none of this has been run there yet.
+
+The last section takes a table through one DDL step per test (ADD COLUMN with
+and without a DEFAULT, DROP COLUMN, DROP + ADD of a column under its name,
+sp_rename of a column, ALTER COLUMN to another type, sp_rename of the table
+and back, DROP TABLE, DROP + CREATE + `cdc tracking enable`, tracking
+disabled and enabled again) and checks what the sidecar relies on at each.
 """
 
 from __future__ import annotations
@@ -19,8 +25,8 @@ import pyodbc
 import pytest
 
 from cdc.config import SourceConfig, TableConfig
-from cdc.errors import TrackingExpired
-from cdc.sources.base import ChangeRow, TableInfo
+from cdc.errors import SchemaError, TrackingExpired, TrackingNotEnabled
+from cdc.sources.base import ChangeRow, TableInfo, TrackingStatus
 from cdc.sources.mssql import MssqlSource
 from cdc.templates import Template
 from cdc.values import encode_value
@@ -33,6 +39,14 @@ def run(dsn: str, *statements: str, params: tuple[Any, ...] = ()) -> None:
     try:
         for statement in statements:
             conn.execute(statement, *params)
+    finally:
+        conn.close()
+
+
+def scalar(dsn: str, statement: str) -> Any:
+    conn = pyodbc.connect(dsn, autocommit=True, timeout=30)
+    try:
+        return conn.execute(statement).fetchone()[0]
     finally:
         conn.close()
 
@@ -266,3 +280,241 @@ async def test_type_round_trip(source: MssqlSource, mssql_dsn: str) -> None:
             encode_value(value, column)  # every value has a JSON form
     finally:
         run(mssql_dsn, f"DROP TABLE IF EXISTS dbo.{name}")
+
+
+# -- the table changes shape: one DDL step per test, as the sidecar meets it ------------------------
+#
+# Each step checks what the sidecar relies on: the fingerprint poll notices it,
+# describe gives the TableInfo now, reads with that info work (and reads with
+# the old one fail with an error of the table, never a crash), and tracking
+# status says whether changes are still captured. What SQL Server does itself
+# is asserted too, where the sidecar's design depends on it ("Manage change
+# tracking", learn.microsoft.com): ADD COLUMN and ALTER COLUMN mark no row as
+# changed, DROP TABLE drops the table's tracking, enabling tracking again sets
+# the minimum valid version to that moment.
+
+
+async def described_again(source: MssqlSource, table: TableConfig, before: TableInfo) -> TableInfo:
+    """The fingerprint differs from ``before``'s; describe gives the table as it is now."""
+    now = (await source.fingerprints([table]))[table.table]
+    assert now is not None and now != before.fingerprint
+    info = await source.describe(table)
+    assert info.fingerprint == now
+    return info
+
+
+async def snapshot_rows(source: MssqlSource, info: TableInfo) -> list[dict[str, Any]]:
+    return [row async for page in source.snapshot(info, page_size=100) for row in page.rows]
+
+
+async def status_of(source: MssqlSource, table: TableConfig) -> TrackingStatus:
+    [status] = await source.tracking_status([table])
+    return status
+
+
+async def test_add_column_is_described_and_marks_no_existing_row(
+    source: MssqlSource, table: TableConfig, mssql_dsn: str
+) -> None:
+    info = await tracked(source, table)
+    t = table.table
+    run(mssql_dsn, f"INSERT INTO {t} (Id, Price, Status) VALUES (1, 1.50, 'a'), (2, 2.50, 'b')")
+    since = await source.current_version()
+    run(
+        mssql_dsn,
+        f"ALTER TABLE {t} ADD D int NULL",
+        f"ALTER TABLE {t} ADD E nvarchar(10) NOT NULL CONSTRAINT DF_{table.name}_E DEFAULT N'dflt'",
+        f"ALTER TABLE {t} ADD [@flag] bit NULL",
+    )
+    added = await described_again(source, table, info)
+    assert [(c.name, c.type_name) for c in added.columns[-2:]] == [("D", "int"), ("E", "nvarchar(10)")]
+    assert added.identity == info.identity and added.left_out == ("@flag",)
+    rows, _ = await changes(source, added, since)
+    assert rows == []  # no existing row is marked: only a snapshot brings D and E to the documents
+    assert [(r["Id"], r["D"], r["E"]) for r in await snapshot_rows(source, added)] == [
+        (1, None, "dflt"),
+        (2, None, "dflt"),
+    ]
+    run(mssql_dsn, f"UPDATE {t} SET D = 5 WHERE Id = 1")
+    [row], _ = await changes(source, added, since)
+    assert row.values is not None and (row.values["D"], row.values["E"]) == (5, "dflt")
+    assert row.changed_columns == frozenset({"D", "Doubled"})  # the new column's id, looked up by name
+    status = await status_of(source, table)
+    assert status.enabled and status.min_valid_version is not None and status.min_valid_version <= since
+
+
+async def test_drop_column_fails_the_old_reads_and_the_new_ones_work(
+    source: MssqlSource, table: TableConfig, mssql_dsn: str
+) -> None:
+    info = await tracked(source, table)
+    run(mssql_dsn, f"INSERT INTO {table.table} (Id, Price, Status) VALUES (1, 1.50, 'a')")
+    since = await source.current_version()
+    run(mssql_dsn, f"ALTER TABLE {table.table} DROP COLUMN Status")
+    with pytest.raises(SchemaError, match="described again"):
+        await source.read_changes(info, since, limit=10)
+    dropped = await described_again(source, table, info)
+    assert dropped.column_names == ("Id", "Price", "Doubled")
+    run(mssql_dsn, f"UPDATE {table.table} SET Price = 2.00 WHERE Id = 1")
+    [row], _ = await changes(source, dropped, since)
+    assert row.values == {"Id": 1, "Price": Decimal("2.00"), "Doubled": 2}
+    assert await snapshot_rows(source, dropped) == [{"Id": 1, "Price": Decimal("2.00"), "Doubled": 2}]
+
+
+async def test_a_column_dropped_and_added_again_has_a_new_id_and_masks_follow_it(
+    source: MssqlSource, table: TableConfig, mssql_dsn: str
+) -> None:
+    """CHANGE_TRACKING_IS_COLUMN_IN_MASK takes the column id COLUMNPROPERTY
+    gives; after DROP + ADD the name has a new one, which the reads look up."""
+    info = await tracked(source, table)
+    run(mssql_dsn, f"INSERT INTO {table.table} (Id, Price, Status) VALUES (1, 1.50, 'a')")
+    column_id = f"SELECT COLUMNPROPERTY(OBJECT_ID(N'{table.table}'), N'Price', 'ColumnId')"
+    before = scalar(mssql_dsn, column_id)
+    run(
+        mssql_dsn,
+        f"ALTER TABLE {table.table} DROP COLUMN Price",
+        f"ALTER TABLE {table.table} ADD Price decimal(12,2) NULL",
+    )
+    assert scalar(mssql_dsn, column_id) != before
+    again = await described_again(source, table, info)
+    assert again.column_names == ("Id", "Status", "Doubled", "Price")
+    since = await source.current_version()
+    run(mssql_dsn, f"UPDATE {table.table} SET Status = 'b' WHERE Id = 1")
+    [row], _ = await changes(source, again, since)
+    assert row.changed_columns == frozenset({"Status", "Doubled"})
+    since = await source.current_version()
+    run(mssql_dsn, f"UPDATE {table.table} SET Price = 3.00 WHERE Id = 1")
+    [row], _ = await changes(source, again, since)
+    assert row.changed_columns == frozenset({"Price", "Doubled"})
+
+
+async def test_rename_column_fails_the_old_reads_and_the_new_ones_work(
+    source: MssqlSource, table: TableConfig, mssql_dsn: str
+) -> None:
+    info = await tracked(source, table)
+    run(mssql_dsn, f"INSERT INTO {table.table} (Id, Price, Status) VALUES (1, 1.50, 'a')")
+    since = await source.current_version()
+    run(mssql_dsn, f"EXEC sp_rename N'{table.table}.Status', N'State', 'COLUMN'")
+    with pytest.raises(SchemaError, match="described again"):
+        await source.read_changes(info, since, limit=10)
+    renamed = await described_again(source, table, info)
+    assert renamed.column_names == ("Id", "Price", "State", "Doubled")
+    run(mssql_dsn, f"UPDATE {table.table} SET State = 'b' WHERE Id = 1")
+    [row], _ = await changes(source, renamed, since)
+    assert row.values is not None and row.values["State"] == "b"
+    assert row.changed_columns == frozenset({"State", "Doubled"})
+
+
+async def test_alter_column_type_is_described_and_marks_no_row(
+    source: MssqlSource, table: TableConfig, mssql_dsn: str
+) -> None:
+    info = await tracked(source, table)
+    run(mssql_dsn, f"INSERT INTO {table.table} (Id, Price, Status) VALUES (1, 1.50, 'a')")
+    since = await source.current_version()
+    run(mssql_dsn, f"ALTER TABLE {table.table} ALTER COLUMN Price nvarchar(20) NULL")
+    retyped = await described_again(source, table, info)
+    assert [(c.name, c.type_name) for c in retyped.columns][1] == ("Price", "nvarchar(20)")
+    rows, _ = await changes(source, retyped, since)
+    assert rows == []  # a type change is not tracked: only a snapshot brings the new values
+    assert await snapshot_rows(source, retyped) == [{"Id": 1, "Price": "1.50", "Status": "a", "Doubled": 2}]
+    run(mssql_dsn, f"UPDATE {table.table} SET Price = N'cheap' WHERE Id = 1")
+    [row], _ = await changes(source, retyped, since)
+    assert row.values is not None and row.values["Price"] == "cheap"
+
+
+async def test_rename_table_and_back(source: MssqlSource, table: TableConfig, mssql_dsn: str) -> None:
+    """The name leads nowhere while renamed; renamed back, it is the same object,
+    whose tracking followed it, so the checkpoint still holds."""
+    info = await tracked(source, table)
+    since = await source.current_version()
+    moved = f"{table.name}_moved"
+    run(mssql_dsn, f"EXEC sp_rename N'{table.table}', N'{moved}'")
+    assert await source.fingerprints([table]) == {table.table: None}
+    with pytest.raises(SchemaError, match="described again"):
+        await source.read_changes(info, since, limit=10)
+    with pytest.raises(SchemaError, match="no such table"):
+        await source.describe(table)
+    status = await status_of(source, table)
+    assert (status.enabled, status.min_valid_version) == (False, None) and "no such table" in status.detail
+    run(mssql_dsn, f"INSERT INTO dbo.{moved} (Id, Price, Status) VALUES (7, 7.00, 'while moved')")
+    run(mssql_dsn, f"EXEC sp_rename N'dbo.{moved}', N'{table.name}'")
+    assert (await source.fingerprints([table]))[table.table] == info.fingerprint
+    back = await source.describe(table)
+    assert back == info
+    [row], _ = await changes(source, back, since)
+    assert (row.op, row.key) == ("I", {"Id": 7})
+
+
+async def test_drop_table(source: MssqlSource, table: TableConfig, mssql_dsn: str) -> None:
+    info = await tracked(source, table)
+    since = await source.current_version()
+    run(mssql_dsn, f"DROP TABLE {table.table}")
+    assert await source.fingerprints([table]) == {table.table: None}
+    with pytest.raises(SchemaError, match="described again"):
+        await source.read_changes(info, since, limit=10)
+    with pytest.raises(SchemaError, match="no such table"):
+        await source.describe(table)
+    status = await status_of(source, table)
+    assert (status.enabled, status.min_valid_version) == (False, None)
+
+
+async def test_drop_create_and_enable_again(source: MssqlSource, table: TableConfig, mssql_dsn: str) -> None:
+    """DROP TABLE removes the table's tracking: created again, it is another
+    object, not tracked until `cdc tracking enable`; then its minimum valid
+    version is the version of that moment, so an old checkpoint has expired."""
+    info = await tracked(source, table)
+    run(mssql_dsn, f"INSERT INTO {table.table} (Id, Price, Status) VALUES (1, 1.00, 'a')")
+    checkpoint = await source.current_version()
+    run(mssql_dsn, f"INSERT INTO {table.table} (Id, Price, Status) VALUES (2, 2.00, 'b')")  # above it
+    run(
+        mssql_dsn,
+        f"DROP TABLE {table.table}",
+        f"CREATE TABLE {table.table} (Id int NOT NULL PRIMARY KEY, Price decimal(12,2) NULL, "
+        "Status nvarchar(20) NULL, Doubled AS (Id * 2))",
+        f"INSERT INTO {table.table} (Id, Price, Status) VALUES (3, 3.00, 'new')",
+    )
+    created = await described_again(source, table, info)
+    assert created.identity != info.identity and created.column_names == info.column_names
+    with pytest.raises(SchemaError, match="dropped and created again"):
+        await source.read_changes(info, checkpoint, limit=10)
+    with pytest.raises(TrackingNotEnabled, match=f"`cdc tracking enable --table {table.table}`"):
+        await source.read_changes(created, checkpoint, limit=10)
+    status = await status_of(source, table)
+    assert (status.enabled, status.min_valid_version) == (False, None)
+    assert f"`cdc tracking enable --table {table.table}`" in status.detail
+    await source.tracking_enable([table])
+    status = await status_of(source, table)
+    assert status.enabled and status.min_valid_version is not None and status.min_valid_version > checkpoint
+    enabled = await described_again(source, table, created)
+    assert enabled == created  # the same object and columns: only its tracking changed
+    with pytest.raises(TrackingExpired, match="minimum valid version"):
+        await source.read_changes(enabled, checkpoint, limit=10)
+    pages = [page async for page in source.snapshot(enabled, page_size=100)]
+    assert [r["Id"] for p in pages for r in p.rows] == [3]
+    run(mssql_dsn, f"UPDATE {table.table} SET Status = 'changed' WHERE Id = 3")
+    [row], _ = await changes(source, enabled, pages[0].version)
+    assert (row.op, row.key, row.values and row.values["Status"]) == ("U", {"Id": 3}, "changed")
+
+
+async def test_tracking_disabled_and_enabled_again(
+    source: MssqlSource, table: TableConfig, mssql_dsn: str
+) -> None:
+    info = await tracked(source, table)
+    run(mssql_dsn, f"INSERT INTO {table.table} (Id, Price, Status) VALUES (1, 1.00, 'a')")
+    checkpoint = await source.current_version()
+    run(mssql_dsn, f"INSERT INTO {table.table} (Id, Price, Status) VALUES (2, 2.00, 'b')")  # above it
+    await source.tracking_disable([table])
+    off = await described_again(source, table, info)
+    assert off == info  # the same table; only its tracking is off
+    with pytest.raises(TrackingNotEnabled, match=f"`cdc tracking enable --table {table.table}`"):
+        await source.read_changes(off, checkpoint, limit=10)
+    status = await status_of(source, table)
+    assert (status.enabled, status.min_valid_version) == (False, None)
+    run(mssql_dsn, f"UPDATE {table.table} SET Status = 'unseen' WHERE Id = 1")  # not tracked
+    await source.tracking_enable([table])
+    on = await described_again(source, table, off)
+    assert on == info and on.fingerprint == info.fingerprint
+    status = await status_of(source, table)
+    assert status.enabled and status.min_valid_version is not None and status.min_valid_version > checkpoint
+    with pytest.raises(TrackingExpired, match="minimum valid version"):
+        await source.read_changes(on, checkpoint, limit=10)
+    rows = await snapshot_rows(source, on)
+    assert [(r["Id"], r["Status"]) for r in rows] == [(1, "unseen"), (2, "b")]

@@ -71,7 +71,7 @@ def test_fingerprinting_many_tables_is_one_statement_with_the_names_as_parameter
     assert "DROP" not in statement.sql and "T48" not in statement.sql  # never pasted
     [values] = list(tree.find_all(exp.Values))
     assert [row.expressions[0].sql() for row in values.expressions] == [str(n) for n in range(50)]
-    # the same number of tables gives the same text: one cached plan for the poll
+    # the same number of tables gives the same text: every poll sends the same statement
     assert sql.fingerprints([("s", f"n{i}") for i in range(50)]).sql == statement.sql
     for wrong in ([], [("dbo", "T")] * (sql.FINGERPRINT_BATCH + 1)):
         with pytest.raises(ValueError):
