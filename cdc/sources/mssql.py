@@ -7,7 +7,8 @@ PostgreSQL one's:
   kept out of messages;
 - ``mssql_errors``: pyodbc errors mapped onto ``cdc.errors``;
 - ``mssql_link``: one connection and the one thread allowed to touch it;
-- ``mssql_catalog``: describing a table;
+- ``mssql_catalog``: describing a table, and the shape fingerprints that tell
+  a running sidecar it changed (SQLSERVER.md, "When a table changes shape");
 - ``mssql_reads``: changes and snapshots, each in one SNAPSHOT transaction;
 - ``mssql_tracking``: enable, disable, status;
 - ``mssql_doctor``: what will go wrong;

@@ -136,7 +136,12 @@ def changes(
     select += [f"ct.{quote(c)}" for c in shape.primary_key]
     select += [f"t.{quote(c)}" for c in shape.columns]
     for column in shape.mask_columns:
-        # SYS_CHANGE_COLUMNS is opaque: decode it only with the documented function.
+        # SYS_CHANGE_COLUMNS is opaque: decode it only with the documented function. Its
+        # column id comes from COLUMNPROPERTY(..., 'ColumnId') (sys.columns.column_id), by
+        # name, in this very statement: the function "does not perform any checks to validate
+        # the column_id value" (CHANGE_TRACKING_IS_COLUMN_IN_MASK, learn.microsoft.com), and a
+        # column dropped and added again under its name has a new id, so an id cached at
+        # describe would silently decode another column's bit.
         select.append(
             "CHANGE_TRACKING_IS_COLUMN_IN_MASK(COLUMNPROPERTY(OBJECT_ID(?), ?, 'ColumnId'), ct.SYS_CHANGE_COLUMNS)"
         )
@@ -244,6 +249,14 @@ DATABASE_SETTINGS = (
 
 
 # -- shape fingerprints and table states, many tables per statement -------------------------
+#
+# Relied on (learn.microsoft.com, SQL Server docs): "sys.change_tracking_tables"
+# returns one row per table that has change tracking enabled;
+# "CHANGE_TRACKING_MIN_VALID_VERSION" is NULL when tracking is off for the
+# database, the object id is not valid, or permission is missing, and is set
+# when tracking is enabled on the table; "COLUMNPROPERTY" ColumnId is
+# sys.columns.column_id; "Manage change tracking" lists what DDL does to a
+# tracked table (see docs/SQLSERVER.md, "When a table changes shape").
 #
 # One row per requested table, in request order (``r.n``), the names handed
 # over as parameters ``(VALUES (0, ?), (1, ?), ...)``: the statement text
