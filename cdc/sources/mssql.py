@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
 from cdc.config import SourceConfig, TableConfig
-from cdc.errors import CdcError, SchemaError, TrackingNotEnabled
+from cdc.errors import CdcError, MissingColumn, SchemaError, TrackingNotEnabled
 from cdc.sources import mssql_sql as sql
 from cdc.sources.base import ChangePage, Cursor, Finding, SnapshotPage, TableInfo, TrackingStatus
 from cdc.sources.mssql_catalog import (
@@ -125,9 +125,15 @@ class MssqlSource:
         if known is not None and known.tracked and known.info == info:
             return known  # (an untracked table is described again: tracking may be on by now)
         table_name = TableName(info.table, info.schema, info.name)
-        described = await self._link.run(
-            lambda conn: describe(conn, table_name, info.column_names), info.table
-        )
+        try:
+            described = await self._link.run(
+                lambda conn: describe(conn, table_name, info.column_names), info.table
+            )
+        except MissingColumn as exc:  # a column of ``info``, not of the config: gone since
+            raise SchemaError(
+                f"{info.table}: the table changed since it was described (column {exc.column} is gone): "
+                "it will be described again"
+            ) from exc
         if described.info != info:
             raise SchemaError(
                 f"{info.table}: the table changed since it was described ({shape_change(info, described.info)}): "

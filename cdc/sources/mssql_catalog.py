@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cdc.errors import SchemaError
+from cdc.errors import MissingColumn, SchemaError
 from cdc.sources import mssql_sql as sql
 from cdc.sources.base import Column, TableInfo
 from cdc.sources.mssql_link import execute, fetch_all, fetch_one
@@ -140,8 +140,8 @@ def choose_columns(
     left_out: list[str] = []
     for name in wanted if wanted is not None else catalog:
         spelled = by_lower.get(name.lower())
-        if spelled is None:
-            raise SchemaError(f"{table}: no column {name} (columns: {', '.join(catalog)})")
+        if spelled is None:  # the tracker names the config's `columns:` line
+            raise MissingColumn(table, name, f"{table}: no column {name} (columns: {', '.join(catalog)})")
         if spelled in published:
             continue
         if wanted is None and spelled.startswith(RESERVED):

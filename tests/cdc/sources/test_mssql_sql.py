@@ -40,6 +40,7 @@ from sqlglot.tokens import TokenType
 
 from cdc.config import SourceConfig, TableConfig, load_config
 from cdc.errors import (
+    MissingColumn,
     SchemaError,
     SourceUnavailable,
     TrackingExpired,
@@ -590,8 +591,24 @@ async def test_an_untracked_table_is_described_but_cannot_be_read(fake: FakeOdbc
 
 
 async def test_describe_unknown_column(fake: FakeOdbc) -> None:
-    with pytest.raises(SchemaError, match="no column Nope"):
+    """MissingColumn: the tracker names the config's `columns:` line."""
+    with pytest.raises(MissingColumn, match="no column Nope") as caught:
         await described(fake, columns=("Nope",))
+    assert (caught.value.table, caught.value.column) == ("dbo.Forecasts", "Nope")
+
+
+async def test_a_read_of_a_column_dropped_since_describe_is_a_change_of_the_table(fake: FakeOdbc) -> None:
+    """Not MissingColumn: the column is the described info's, not the config's."""
+    source, info = await described(fake)
+    fresh = MssqlSource(CONFIG, connector=fake.connect)  # has not described it: describes again to read
+    del fake.catalog[2]  # ALTER TABLE DROP COLUMN Status
+    with pytest.raises(
+        SchemaError, match=r"changed since it was described \(column Status is gone\)"
+    ) as caught:
+        await fresh.read_changes(info, 5, limit=10)
+    assert not isinstance(caught.value, MissingColumn)
+    await source.close()
+    await fresh.close()
 
 
 # -- polls -------------------------------------------------------------------------
