@@ -190,7 +190,11 @@ class MssqlSource:
             link = self._readers.pop() if self._readers else self._new_reader()
             work = first_page(described, since, limit, upto, after)
             bound, rows, conn = await self._run_read(link, work, info.table)
-        changes = [decode_change(described, since, row) for row in rows[:limit]]
+        try:
+            changes = [decode_change(described, since, row) for row in rows[:limit]]
+        except SchemaError:  # a value the described type cannot read: the reader goes back, rolled back
+            await self._release(link, rollback=True)
+            raise
         if len(rows) <= limit:
             await self._release(link, rollback=False)  # committed with the last page
             return ChangePage(rows=changes, next_version=bound)

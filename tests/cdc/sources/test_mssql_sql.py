@@ -1042,11 +1042,18 @@ async def test_a_value_its_described_type_cannot_read_is_a_schema_error(fake: Fa
     """ALTER COLUMN Price nvarchar(20) between two fingerprint polls: the read
     names the column instead of failing with a ValueError."""
     source, info = await described(fake)
-    put(fake, [(1, "twelve", "x", 2)], [(8, 8, "I", None, 1)])
-    with pytest.raises(SchemaError, match=r"dbo\.Forecasts: column Price holds 'twelve'.*decimal\(12,2\)"):
-        await source.read_changes(info, 5, limit=10)
+    put(fake, [(1, "twelve", "x", 2), (2, "2.00", "y", 4)], [(8, 8, "I", None, 1), (9, 9, "I", None, 2)])
+    for limit in (10, 1):  # the whole read in one page, or a page with more to come (held open)
+        with pytest.raises(
+            SchemaError, match=r"dbo\.Forecasts: column Price holds 'twelve'.*decimal\(12,2\)"
+        ):
+            await source.read_changes(info, 5, limit=limit)
+        assert fake.statements()[-1] == "ROLLBACK"
     with pytest.raises(SchemaError, match="column Price"):
         [page async for page in source.snapshot(info, page_size=10)]
+    fake.db.execute("""UPDATE dbo."Forecasts" SET "Price" = '12.00' WHERE "Id" = 1""")
+    assert len((await source.read_changes(info, 5, limit=10)).rows) == 2
+    assert fake.connections == 3  # describe's, the one reader's (given back each time), the snapshot's
     await source.close()
 
 
