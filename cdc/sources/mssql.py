@@ -109,7 +109,8 @@ class MssqlSource:
 
     async def fingerprints(self, tables: Sequence[TableConfig]) -> dict[str, str | None]:
         """One statement for all ``tables`` (``mssql_sql.FINGERPRINT``), on the
-        describe link (READ COMMITTED: nothing else runs on it)."""
+        describe link: no SET first, as that link only ever runs at READ
+        COMMITTED (describe sets it; SNAPSHOT transactions run on readers)."""
         names = [TableName(t.table, t.schema, t.name) for t in tables]
         if not names:
             return {}
