@@ -296,7 +296,7 @@ async def test_a_stale_owner_can_neither_write_nor_move_a_checkpoint_past_refuse
         b_x = await b.take(x)
         await _write(postgres_dsn, f"update {pg_schema}.x set n = 1 where id = 1")
         await b_x.poll()
-        await b_x._complete_tickets(block=True)
+        await b_x.checkpoints.complete(block=True)
 
         # A wakes up holding changes of both tables: one batch, one call.
         await _write(postgres_dsn, f"update {pg_schema}.x set n = 2 where id = 2")
@@ -306,9 +306,9 @@ async def test_a_stale_owner_can_neither_write_nor_move_a_checkpoint_past_refuse
         await a_y.poll()
         a.worker.start()
         with pytest.raises(LeaseLost):
-            await a_y._complete_tickets(block=True)
+            await a_y.checkpoints.complete(block=True)
         with pytest.raises(LeaseLost):
-            await a_x._complete_tickets(block=True)
+            await a_x.checkpoints.complete(block=True)
         layout = Layout(namespace)
         assert await redis_client.hget(layout.document("shared", "y", "2"), "n") == b"0", "applied?"
         checkpoint = await manager.get_checkpoint(y)
@@ -318,9 +318,9 @@ async def test_a_stale_owner_can_neither_write_nor_move_a_checkpoint_past_refuse
         await a.leases.release(y)
         b_y = await b.take(y)
         await b_y.poll()
-        await b_y._complete_tickets(block=True)
+        await b_y.checkpoints.complete(block=True)
         await b_x.poll()
-        await b_x._complete_tickets(block=True)
+        await b_x.checkpoints.complete(block=True)
         assert await redis_client.hget(layout.document("shared", "y", "2"), "n") == b"2"
         assert await redis_client.hget(layout.document("shared", "x", "2"), "n") == b"2"
         assert await redis_client.xlen(layout.deadletter()) == 0
