@@ -20,8 +20,11 @@
 - Every change belongs to a ``Ticket``: the set of changes one read produced.
   A ticket completes when all its changes are applied; only then may the
   tracker advance its checkpoint past that read. A change the data manager
-  refused because its lease was taken over (FENCED) was not applied: its
-  ticket completes ``refused``, and the tracker must not move past it.
+  did not apply completes its ticket with a ``Refusal`` saying why: FENCED
+  (its lease was taken over) or blocked (a key its partition shares is
+  damaged, or the ACL refuses it); the tracker must not move past it. A
+  blocked change never stops the applier: the other changes of its batch
+  apply, one error line per blocked partition and batch says why.
 """
 
 from __future__ import annotations
@@ -34,11 +37,12 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
+from typing import Literal
 
 from tenacity import AsyncRetrying, retry_if_exception_type
 
 from cdc.errors import TransientError
-from publishers.model import ApplyResult, Change
+from publishers.model import ApplyResult, Blocked, Change
 from publishers.retrying import equal_jitter
 
 log = logging.getLogger("cdc.batching")
@@ -54,15 +58,31 @@ ApplyFn = Callable[[Sequence[Change]], Awaitable[ApplyResult]]
 YIELD_EVERY = 64
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """Why changes of a read were not applied (so the read is not all in Redis)."""
+
+    kind: Literal["fenced", "blocked"]  # lease taken over | a key of the partition cannot be written
+    partition: str
+    reason: str  # "FENCED", or the Redis reason (ApplyResult.blocked)
+
+    @property
+    def fenced(self) -> bool:
+        return self.kind == "fenced"
+
+
 @dataclass(eq=False)
 class Ticket:
-    """Changes of one read; ``done`` once every one of them is applied."""
+    """Changes of one read; ``done`` once every one of them is settled:
+    applied, dead-lettered, or not applied (``refusal`` says why)."""
 
     version: int
     pending: int = 0
     changes: int = 0  # every change ever added
     sealed: bool = False
-    refused: bool = False  # a change was refused (FENCED), so the read is not all applied
+    # the first reason a change was not applied; FENCED outranks blocked
+    # (the table is no longer ours: nothing to retry)
+    refusal: Refusal | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
     def add(self, count: int = 1) -> None:
@@ -75,8 +95,10 @@ class Ticket:
         if self.pending == 0:
             self.done.set()
 
-    def applied(self, count: int = 1, *, refused: bool = False) -> None:
-        self.refused = self.refused or refused
+    def applied(self, count: int = 1, *, refusal: Refusal | None = None) -> None:
+        """``count`` changes are settled; with ``refusal``, some were not applied."""
+        if refusal is not None and (self.refusal is None or refusal.fenced and not self.refusal.fenced):
+            self.refusal = refusal
         self.pending -= count
         if self.pending == 0 and self.sealed:
             self.done.set()
@@ -187,14 +209,7 @@ class AutoBatchWorker:
                 self._unfinished -= len(batch)
                 if not self._unfinished:
                     self._all_done.set()
-            fenced = {id(change) for change in result.fenced}
-            # a batch holds runs of one ticket's changes (a read queues them together)
-            for ticket, run in itertools.groupby(batch, key=itemgetter(1)):
-                if fenced:
-                    changes = [change for change, _ in run]
-                    ticket.applied(len(changes), refused=any(id(c) in fenced for c in changes))
-                else:
-                    ticket.applied(sum(1 for _ in run))
+            _complete(batch, _refusals(result))
 
     async def _next_batch(self) -> list[tuple[Change, Ticket]]:
         """What is queued, up to ``max_batch_size``: taken at once, so a batch
@@ -227,6 +242,8 @@ class AutoBatchWorker:
         self.stats.last_latency = latency
         if self._on_result is not None:
             self._on_result(changes, result, latency)
+        if result.blocked:
+            _log_blocked(result.blocked)
         return result
 
     def _before_retry(self, state: object) -> None:
@@ -236,3 +253,43 @@ class AutoBatchWorker:
         log.warning("applying a batch failed, retrying", extra={"error": str(error)})
         if self._on_degraded is not None:
             self._on_degraded(error)
+
+
+def _refusals(result: ApplyResult) -> dict[int, Refusal]:
+    """id(change) -> why it was not applied, for the changes of ``result``
+    that were not (FENCED outranks blocked)."""
+    refusals = {
+        id(blocked.change): Refusal("blocked", blocked.change.partition, blocked.reason)
+        for blocked in result.blocked
+    }
+    for change in result.fenced:
+        refusals[id(change)] = Refusal("fenced", change.partition, "FENCED")
+    return refusals
+
+
+def _complete(batch: list[tuple[Change, Ticket]], refusals: dict[int, Refusal]) -> None:
+    """Settle every change of an applied batch on its ticket."""
+    # a batch holds runs of one ticket's changes (a read queues them together)
+    for ticket, run in itertools.groupby(batch, key=itemgetter(1)):
+        if not refusals:
+            ticket.applied(sum(1 for _ in run))
+            continue
+        changes = [change for change, _ in run]
+        found = [refusal for change in changes if (refusal := refusals.get(id(change))) is not None]
+        fenced = next((refusal for refusal in found if refusal.fenced), None)
+        ticket.applied(len(changes), refusal=fenced or next(iter(found), None))
+
+
+def _log_blocked(blocked: Sequence[Blocked]) -> None:
+    """One error line per blocked partition (not per change), naming its
+    tables and the reason."""
+    by_partition: dict[str, list[Blocked]] = {}
+    for item in blocked:
+        by_partition.setdefault(item.change.partition, []).append(item)
+    for partition, items in by_partition.items():
+        tables = sorted({item.change.table for item in items})
+        reason = items[0].reason
+        log.error(
+            "changes not applied: a key their partition shares cannot be written",
+            extra={"tables": tables, "partition": partition, "changes": len(items), "reason": reason},
+        )

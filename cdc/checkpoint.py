@@ -8,8 +8,11 @@ change of it is applied). The line holds one rule:
 
 so ``applied`` only advances over the finished reads at the head of the
 line: a finished read behind an unfinished one waits for it, and a refused
-read (its changes were FENCED: another sidecar owns the table) raises
-``LeaseLost`` and stays at the head, where nothing can pass it.
+read stays at the head, where nothing can pass it, and raises why: its
+changes were FENCED (another sidecar owns the table): ``LeaseLost``; or a
+key their partition shares cannot be written: ``ApplyBlocked`` (the tracker
+then forgets its reads, ``forget_reads``, and reads again from ``applied``
+later: the changes are fine, only the key has to be repaired).
 
 When to write the checkpoint is the line's other rule: at most every
 ``CHECKPOINT_INTERVAL`` while changes are applied, every
@@ -24,7 +27,7 @@ from collections import deque
 from collections.abc import Callable
 
 from cdc.batching import Ticket
-from cdc.errors import LeaseLost
+from cdc.errors import ApplyBlocked, LeaseLost
 
 CHECKPOINT_INTERVAL = 1.0  # seconds between checkpoint writes while changes are applied
 # Seconds between checkpoint writes of a table whose reads find nothing: its
@@ -36,11 +39,18 @@ IDLE_CHECKPOINT_INTERVAL = 30.0
 def check_refused(table: str, ticket: Ticket) -> None:
     """A read with refused changes was not applied: stop before the
     checkpoint can pass it (whoever owns the table reads it again)."""
-    if ticket.refused:
+    refusal = ticket.refusal
+    if refusal is None:
+        return
+    if refusal.fenced:
         raise LeaseLost(
             f"{table}: changes refused (FENCED): another sidecar owns the table now, "
             "or shares a partition with it"
         )
+    raise ApplyBlocked(
+        f"{table}: changes to partition {refusal.partition!r} not applied: {refusal.reason} "
+        "(repair the key: docs/REDIS.md, 'A blocked partition'; the table retries by itself)"
+    )
 
 
 class CheckpointLine:
@@ -61,8 +71,9 @@ class CheckpointLine:
         self.applied = self.persisted = version
 
     def forget_reads(self) -> None:
-        """Forget the reads not yet passed: after a failed step the tracker
-        reads again from ``applied`` (what was applied and persisted stays)."""
+        """Forget every read in flight, keeping ``applied`` and ``persisted``:
+        after a failed step (a blocked read, say, whose changes and every later
+        read's were not applied) the tracker reads again from ``applied``."""
         self._reads.clear()
 
     def register(self, ticket: Ticket) -> None:
@@ -71,7 +82,8 @@ class CheckpointLine:
 
     def advance(self) -> bool:
         """Move ``applied`` over the finished reads at the head of the line;
-        return whether it moved. Raises ``LeaseLost`` at a refused read."""
+        return whether it moved. Raises ``LeaseLost`` or ``ApplyBlocked`` at a
+        refused read (``check_refused``), which stays at the head."""
         advanced = False
         while self._reads and self._reads[0][0].done.is_set():
             self._pass_head()
@@ -80,7 +92,8 @@ class CheckpointLine:
 
     async def drain(self) -> bool:
         """Wait for every read, in order, then advance over all of them
-        (before a snapshot). Raises ``LeaseLost`` at the first refused read."""
+        (before a snapshot). Raises ``LeaseLost`` or ``ApplyBlocked`` at the
+        first refused read."""
         advanced = False
         while self._reads:
             await self._reads[0][0].done.wait()
@@ -113,7 +126,7 @@ class CheckpointLine:
 
     async def wait_applied(self, ticket: Ticket) -> None:
         """Wait for a read outside the line (a snapshot's, a sweep's) to be
-        applied; ``LeaseLost`` if it was refused."""
+        applied; ``LeaseLost`` or ``ApplyBlocked`` if it was refused."""
         await ticket.done.wait()
         check_refused(self.table, ticket)
 

@@ -8,13 +8,20 @@ changes (Redis serves nobody else while a script runs), and sends one
 pipelined round trip (a cluster pipeline fans out to the nodes concurrently),
 then every second chunk, and so on, so a partition's chunks run in order.
 
-Failures are sorted three ways:
+Failures are sorted four ways:
 
 - transient (link down, loading, failover, OOM): ``RedisUnavailable`` is raised
   and the daemon retries the whole batch; replays are harmless by the apply
   rule (a change at or below a document's ``@v`` is dropped);
-- a damaged shared key (``CDCLAYOUT`` from the script, ``NOPERM``): ``CdcError``,
-  retrying cannot help;
+- FENCED (another sidecar owns the table): ``ApplyResult.fenced``;
+- a key that the whole partition shares cannot be written (``CDCLAYOUT`` from
+  the script: ``@seq`` not an integer, a shared key of the wrong type, a
+  stream ahead of ``@seq``; ``NOPERM`` from the ACL): the call wrote nothing,
+  and it and the partition's later calls of the batch are reported in
+  ``ApplyResult.blocked``, not dead-lettered (the changes are fine, the key is
+  not): their reader reads them again once the key is repaired. The other
+  partitions apply. So do the changes whose section's partitions set
+  (``publishers.partition_sets``) or the dead letter cannot be written;
 - anything else is a content failure (e.g. ``WRONGTYPE``: someone wrote a
   string at a document key): the chunk is bisected, in order, until the
   poison change(s) are isolated; each goes to the dead letter with the Redis
@@ -28,8 +35,8 @@ Redis call.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property, lru_cache
 from typing import Any
@@ -42,7 +49,8 @@ from redis.asyncio.connection import ConnectionPool
 from publishers import redis_calls, scripts
 from publishers.connection import RedisClient
 from publishers.layout import Layout
-from publishers.model import ApplyResult, Change, timestamp
+from publishers.model import ApplyResult, Blocked, Change, timestamp
+from publishers.partition_sets import Pair, PartitionSets
 from publishers.settings import RedisConfig
 
 # What the applier does with a change it cannot apply: the dead letter, with the reason.
@@ -52,7 +60,6 @@ Reject = Callable[[Change, str, ApplyResult], Awaitable[None]]
 MAX_CHANGES_PER_CALL = 1000
 MAX_CALL_BYTES = 8 << 20  # values per script call: bounds the time Redis is busy
 MAX_ROW_BYTES = 1 << 20
-_KNOWN_PAIRS_LIMIT = 100_000
 
 Reply = Any  # a decoded Redis reply, or the exception a pipeline slot raised
 
@@ -168,8 +175,7 @@ class _CallBuilder:
 class Applier:
     """Applies batches to one Redis (``client``, its ``config`` and key
     ``layout``), sending what cannot be applied to ``reject`` (the dead
-    letter); keeps the script's SHA and the (section, partition) pairs
-    already registered."""
+    letter); keeps the script's SHA and the partitions sets' registrations."""
 
     def __init__(
         self,
@@ -187,8 +193,7 @@ class Applier:
         self.max_changes_per_call = max(1, max_changes_per_call)
         self.script = scripts.APPLY.text
         self.sha = scripts.APPLY.sha
-        self._known_pairs: set[tuple[str, str]] = set()
-        self._known_sections: set[str] = set()
+        self._partition_sets = PartitionSets(client, layout, config.url)
         self._header = (
             str(config.stream_max_len),
             str(max(1, round(config.tombstone_ttl * 1000))),
@@ -210,12 +215,17 @@ class Applier:
                 by_partition.setdefault(change.partition, []).append((change, size))
         if not by_partition:
             return result
-        registered = await self._register_partitions(by_partition)
-        header: tuple[Any, ...] = (timestamp(now), *self._header)
+        pairs = {
+            (change.section, partition) for partition, sized in by_partition.items() for change, _ in sized
+        }
+        registered, unwritable = await self._partition_sets.register(pairs)
+        batch = _Batch((timestamp(now), *self._header), result, registered)
+        if unwritable:
+            by_partition = _hold_unregistered(by_partition, unwritable, result)
         chunked = [self._chunks(partition, sized) for partition, sized in by_partition.items()]
         for round_ in itertools.zip_longest(*chunked):
-            calls = [_Call(self.layout, header, *chunk) for chunk in round_ if chunk is not None]
-            await self._run_round(calls, header, result, registered)
+            calls = [_Call(self.layout, batch.header, *chunk) for chunk in round_ if chunk is not None]
+            await self._run_round(calls, batch)
         return result
 
     def _admit(self, change: Change) -> tuple[str | None, int]:
@@ -251,89 +261,69 @@ class Applier:
         chunks.append((partition, current))
         return chunks
 
-    async def _register_partitions(
-        self, by_partition: Mapping[str, list[tuple[Change, int]]]
-    ) -> set[tuple[str, str]]:
-        """Record every (section, partition) pair in ``ns:@partitions:section``
-        *before* the documents are written, so that a sweep or a subscriber
-        that lists a section's partitions never misses a written one. Returns
-        the pairs registered now (the others were known already)."""
-        missing: dict[str, set[str]] = {}
-        for partition, sized in by_partition.items():
-            for change, _ in sized:
-                if (change.section, partition) not in self._known_pairs:
-                    missing.setdefault(change.section, set()).add(partition)
-        if not missing:
-            return set()
-        pipe = self.client.pipeline(transaction=False)
-        for section, partitions in missing.items():
-            pipe.sadd(self.layout.partitions(section), *sorted(partitions))
-        await redis_calls.execute(pipe, self.config.url)
-        if len(self._known_pairs) > _KNOWN_PAIRS_LIMIT:
-            self._known_pairs.clear()
-        registered = {(s, p) for s, ps in missing.items() for p in ps}
-        self._known_pairs |= registered
-        self._known_sections |= missing.keys()
-        return registered
-
-    async def _run_round(
-        self, calls: list[_Call], header: Sequence[Any], result: ApplyResult, registered: set[tuple[str, str]]
-    ) -> None:
+    async def _run_round(self, calls: list[_Call], batch: _Batch) -> None:
+        """One call per partition in one round trip; a partition found
+        blocked by an earlier round is not sent again (its later chunks are
+        blocked with it, so that nothing of it passes what was not applied)."""
+        for call in [call for call in calls if call.partition in batch.blocked]:
+            batch.block(call.partition, call.changes, batch.blocked[call.partition])
+        calls = [call for call in calls if call.partition not in batch.blocked]
+        if not calls:
+            return
         replies = await self._evalsha(calls)
-        failed: list[tuple[_Call, BaseException]] = []
-        first: list[_Call] = []  # calls that wrote their partition's first message
-        for call, reply in zip(calls, replies, strict=True):
-            if redis_calls.is_fenced(reply):
-                result.fenced.extend(call.changes)  # nothing written: another sidecar owns the table
-            elif isinstance(reply, BaseException):
-                failed.append((call, reply))
-            elif self._count(call, reply, result):
-                first.append(call)
-        if first:
-            await self._registrations_lost(first, registered)
+        failed = [
+            (call, reply)
+            for call, reply in zip(calls, replies, strict=True)
+            if not self._settle(call, reply, batch)
+        ]
         for call, error in failed:
-            await self._isolate(call.partition, call.changes, header, result, error)
+            await self._isolate(call.partition, call.changes, batch, error)
+        if batch.first:
+            pairs = {(change.section, call.partition) for call in batch.first for change in call.changes}
+            batch.first.clear()
+            await self._partition_sets.registrations_lost(pairs, batch.registered)
 
-    async def _registrations_lost(self, calls: list[_Call], registered: set[tuple[str, str]]) -> None:
-        """These calls started their partition's ``@seq`` from 0: the partition
-        is new (registered by this batch), or Redis lost its data (restarted
-        empty, flushed) after this manager registered it. Then what the cache
-        says about the partition is wrong: forget it and register again now,
-        or sweeps and subscribers would never find the documents written."""
-        partitions = {call.partition for call in calls}
-        stale = {(s, p) for s in self._known_sections for p in partitions} & self._known_pairs
-        stale -= registered
-        if stale:
-            self._known_pairs -= stale
-            await self._register_partitions({c.partition: [(x, 0) for x in c.changes] for c in calls})
+    def _settle(self, call: _Call, reply: Reply, batch: _Batch) -> bool:
+        """Record a call's outcome unless it failed on the content of its
+        changes (then return False: bisect it). A FENCED or blocked call wrote
+        nothing (but the changes before a section whose channel the ACL
+        refuses: their replays are stale); a call that published its
+        partition's first message (``@seq`` was 0 before it) joins ``batch.first``."""
+        if redis_calls.is_fenced(reply):
+            batch.result.fenced.extend(call.changes)  # another sidecar owns the table
+            return True
+        if isinstance(reply, BaseException):
+            reason = redis_calls.blocked_reason(reply)
+            if reason is None:
+                return False
+            batch.block(call.partition, call.changes, reason)
+            return True
+        if self._count(call, reply, batch.result):
+            batch.first.append(call)
+        return True
 
     async def _isolate(
-        self,
-        partition: str,
-        changes: list[Change],
-        header: Sequence[Any],
-        result: ApplyResult,
-        error: BaseException,
+        self, partition: str, changes: list[Change], batch: _Batch, error: BaseException
     ) -> None:
         """Bisect a failed chunk, halves in order, down to the poison change(s).
 
         Changes before the poison may have been applied by the failed call;
         re-sending them is harmless (they are stale now), but they are then
-        counted as stale rather than applied.
+        counted as stale rather than applied. A half that finds the partition
+        blocked blocks the rest of the chunk with it.
         """
         if len(changes) == 1:
-            await self._reject(changes[0], redis_calls.redis_message(error), result)
+            await self._reject(changes[0], redis_calls.redis_message(error), batch.result)
             return
         middle = len(changes) // 2
         for half in (changes[:middle], changes[middle:]):
-            call = _Call(self.layout, tuple(header), partition, half)
+            if partition in batch.blocked:
+                batch.block(partition, half, batch.blocked[partition])
+                continue
+            call = _Call(self.layout, batch.header, partition, half)
             reply = (await self._evalsha([call]))[0]
-            if redis_calls.is_fenced(reply):
-                result.fenced.extend(half)
-            elif isinstance(reply, BaseException):
-                await self._isolate(partition, half, header, result, reply)
-            else:
-                self._count(call, reply, result)
+            if not self._settle(call, reply, batch):
+                await self._isolate(partition, half, batch, reply)
 
     @staticmethod
     def _count(call: _Call, reply: Reply, result: ApplyResult) -> bool:
@@ -357,7 +347,7 @@ class Applier:
             self.client, scripts.APPLY, calls, url, send=self._send, keys_of=_keys
         )
         for reply in replies:
-            if isinstance(reply, BaseException) and not redis_calls.is_content_error(reply):
+            if isinstance(reply, BaseException) and not _answered(reply):
                 raise redis_calls.translate(reply, self.config.url)
         return replies
 
@@ -403,6 +393,45 @@ class Applier:
     async def load_script(self) -> None:
         """SCRIPT LOAD (on every primary of a cluster), checking its SHA-1."""
         await scripts.load(self.client, scripts.APPLY, self.config.url)
+
+
+@dataclass
+class _Batch:
+    """What the calls of one ``apply`` share, and what they found."""
+
+    header: tuple[Any, ...]
+    result: ApplyResult
+    registered: set[Pair]  # (section, partition) pairs this batch registered: new partitions
+    blocked: dict[str, str] = field(default_factory=dict)  # partition -> why its keys cannot be written
+    first: list[_Call] = field(default_factory=list)  # calls that published a partition's first message
+
+    def block(self, partition: str, changes: list[Change], reason: str) -> None:
+        """Nothing of ``changes`` is written, nor anything of their partition after them."""
+        self.blocked.setdefault(partition, reason)
+        self.result.blocked.extend(Blocked(change, reason) for change in changes)
+
+
+def _hold_unregistered(
+    by_partition: dict[str, list[tuple[Change, int]]], unwritable: dict[Pair, str], result: ApplyResult
+) -> dict[str, list[tuple[Change, int]]]:
+    """Block the changes whose section's partitions set could not record
+    their partition (a document must never be written before its partition is
+    registered); the rest of the batch applies."""
+    kept: dict[str, list[tuple[Change, int]]] = {}
+    for partition, sized in by_partition.items():
+        for change, size in sized:
+            reason = unwritable.get((change.section, partition))
+            if reason is None:
+                kept.setdefault(partition, []).append((change, size))
+            else:
+                result.blocked.append(Blocked(change, reason))
+    return kept
+
+
+def _answered(reply: BaseException) -> bool:
+    """An error reply the apply path settles itself: a content failure (bisected),
+    FENCED, or a blocked partition; any other failure is raised."""
+    return redis_calls.is_content_error(reply) or redis_calls.blocked_reason(reply) is not None
 
 
 def _keys(call: _Call) -> list[Any]:

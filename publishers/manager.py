@@ -27,7 +27,7 @@ from publishers.connection import RedisClient
 from publishers.documents import Documents, decode_document
 from publishers.errors import CdcError, LeaseLost
 from publishers.layout import Layout
-from publishers.model import ApplyResult, Change, Checkpoint, Rejected, timestamp
+from publishers.model import ApplyResult, Blocked, Change, Checkpoint, Rejected, timestamp
 from publishers.settings import RedisConfig
 
 __all__ = [
@@ -106,6 +106,9 @@ class DataManager:
         """Apply a batch: per partition in order, atomically per call.
 
         Raises ``RedisUnavailable`` on transient failures (retry the batch).
+        The changes of a partition whose shared keys cannot be written come
+        back in ``ApplyResult.blocked`` (read them again once it is repaired);
+        those of a content failure in ``rejected`` (the dead letter).
         """
         return await self._applier.apply(changes, now=now)
 
@@ -116,8 +119,21 @@ class DataManager:
     # -- dead letter ----------------------------------------------------------
 
     async def _reject(self, change: Change, reason: str, result: ApplyResult) -> None:
-        await self.dead_letter(change, reason, table=change.table)
-        result.rejected.append(Rejected(change, reason))
+        """Dead-letter a change of a batch. When the dead letter cannot be
+        written (another type stored there, the ACL), the change is blocked
+        instead: never applied, never lost; its reader reads it again."""
+        key = self.layout.deadletter()
+        command = self.client.xadd(
+            key, self._dead_fields(change, reason, change.table), maxlen=DEAD_LETTER_MAX_LEN, approximate=True
+        )
+        reply = await redis_calls.reply_or_error(command, self.config.url)
+        if not redis_calls.is_error_reply(reply):
+            result.rejected.append(Rejected(change, reason))
+            return
+        blocked = redis_calls.blocked_reason(reply, shared_key=key)
+        if blocked is None:
+            raise redis_calls.translate(reply, self.config.url)
+        result.blocked.append(Blocked(change, f"{blocked}; the change would go there: {reason}"))
 
     async def dead_letter(
         self,
@@ -131,6 +147,18 @@ class DataManager:
         """Append to ``ns:@deadletter``: table, partition, section, key, op,
         version, reason, values (JSON object), ts. ``payload`` stands in for
         the values when there is no Change (e.g. a row that cannot be encoded)."""
+        fields = self._dead_fields(change, reason, table, payload, now)
+        deadletter = self.layout.deadletter()
+        await self._call(self.client.xadd(deadletter, fields, maxlen=DEAD_LETTER_MAX_LEN, approximate=True))
+
+    def _dead_fields(
+        self,
+        change: Change | None,
+        reason: str,
+        table: str,
+        payload: Mapping[str, Any] | None = None,
+        now: datetime | None = None,
+    ) -> dict[FieldT, EncodableT]:
         fields: dict[FieldT, EncodableT] = {
             "table": table,
             "partition": change.partition if change else "",
@@ -142,8 +170,7 @@ class DataManager:
             "values": self._dead_values(change, payload),
             "ts": timestamp(now),
         }
-        deadletter = self.layout.deadletter()
-        await self._call(self.client.xadd(deadletter, fields, maxlen=DEAD_LETTER_MAX_LEN, approximate=True))
+        return fields
 
     def _dead_values(self, change: Change | None, payload: Mapping[str, Any] | None) -> bytes:
         """The values as one JSON object (spliced from the encoded columns), or
@@ -170,14 +197,23 @@ class DataManager:
     # -- checkpoints and heartbeats ---------------------------------------------
 
     async def get_checkpoint(self, table: str) -> Checkpoint | None:
-        raw = await self._call(self.client.hgetall(self.layout.checkpoint(table)))
+        """The table's stored checkpoint, or None. ``CdcError`` when the key is
+        damaged (another type, no decimal ``version``): it names the key."""
+        key = self.layout.checkpoint(table)
+        raw = await self._call(self.client.hgetall(key))
         if not raw:
             return None
         fields = {redis_calls.text(k): redis_calls.text(v) for k, v in raw.items()}
         state: Literal["snapshotting", "streaming"] = (
             "snapshotting" if fields.get("state") == "snapshotting" else "streaming"
         )
-        return Checkpoint(table, int(fields["version"]), state, fields.get("updated_at", ""))
+        version = fields.get("version", "")
+        if not version.isdecimal():
+            raise CdcError(
+                f"{table}: Redis layout is damaged: {key} field version holds {version!r}, not a version: "
+                "delete the key to snapshot the table again"
+            )
+        return Checkpoint(table, int(version), state, fields.get("updated_at", ""))
 
     async def set_checkpoint(
         self,

@@ -40,8 +40,21 @@ class Change:
 
 @dataclass(frozen=True)
 class Rejected:
+    """A change sent to the dead letter: its content cannot be applied."""
+
     change: Change
     reason: str
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """A change not applied because a key that its whole partition shares
+    cannot be written (a damaged layout, an ACL refusal): nothing was written
+    for it, and it is not in the dead letter (the change is fine, the key is
+    not). Its reader must read it again once the key is repaired."""
+
+    change: Change
+    reason: str  # e.g. "Redis layout is damaged: ns:{p1}:@seq does not hold an integer"
 
 
 @dataclass
@@ -53,6 +66,7 @@ class ApplyResult:
     stale: int = 0  # dropped: version at or below the document's @v (replays)
     rejected: list[Rejected] = field(default_factory=list)  # sent to the dead letter
     fenced: list[Change] = field(default_factory=list)  # not applied: their lease was taken over
+    blocked: list[Blocked] = field(default_factory=list)  # not applied: their partition's keys are damaged
     seqs: dict[str, int] = field(default_factory=dict)  # partition -> @seq after the batch
 
 

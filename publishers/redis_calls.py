@@ -6,6 +6,8 @@ read-only replica after a failover, cluster resharding, out of memory) become
 ``RedisUnavailable``, the ``TransientError`` branch the daemon retries; a
 damaged layout (``CDCLAYOUT`` from a script) or any other refusal is a plain
 ``CdcError``; a stale lease owner's write (``FENCED``) is ``LeaseLost``.
+The apply path sorts the replies of its calls itself (``blocked_reason``,
+``is_content_error``, ``is_fenced``): a blocked partition does not stop a batch.
 Messages never carry the URL's password (``publishers.redaction``).
 
 ``call`` awaits one command (or a pipeline, or a function of several) so that
@@ -139,7 +141,7 @@ def translate(exc: BaseException, url: str = "") -> CdcError:
     """The ``publishers.errors`` counterpart of a redis-py error, password-free."""
     text = str(exc)
     if text.startswith("CDCLAYOUT"):
-        return CdcError(f"Redis layout is damaged: {text.removeprefix('CDCLAYOUT ')}")
+        return CdcError(_layout_damaged(text))
     if is_fenced(exc):
         return LeaseLost(text)
     message = scrub_url(describe(exc), url) if url else describe(exc)
@@ -161,9 +163,40 @@ def is_content_error(error: BaseException) -> bool:
     the change that caused it goes to the dead letter."""
     if not isinstance(error, rex.ResponseError) or is_transient(error):
         return False
-    if isinstance(error, (rex.NoScriptError, rex.NoPermissionError)):
+    if isinstance(error, rex.NoScriptError):
         return False
-    return not str(error).startswith("CDCLAYOUT")
+    return blocked_reason(error) is None
+
+
+def blocked_reason(error: BaseException, *, shared_key: str | None = None) -> str | None:
+    """Why ``error`` means that a key which a whole partition shares cannot be
+    written, or None. Such a key blocks every change of the partition, and
+    none of them is at fault: retrying cannot help until the key is repaired,
+    and the dead letter is no place for the changes.
+
+    - ``CDCLAYOUT`` (``apply.lua``): ``@seq`` not an integer, a shared key of
+      the wrong type, a stream ahead of ``@seq``;
+    - ``NOPERM``: the ACL refuses this user a key or channel of the partition
+      (or the command itself: then every partition is blocked alike);
+    - with ``shared_key`` (a command on one key that is no document: the
+      partitions set of a section, the dead letter), any refusal that is not
+      transient, e.g. ``WRONGTYPE``.
+    """
+    if not isinstance(error, rex.ResponseError) or is_transient(error) or is_noscript(error):
+        return None
+    text = str(error)
+    if text.startswith("CDCLAYOUT"):
+        return _layout_damaged(text)
+    if isinstance(error, rex.NoPermissionError) or error_code(error) == "NOPERM":
+        where = f" to {shared_key}" if shared_key else ""
+        return f"Redis denied access{where} (NOPERM): {text.removeprefix('NOPERM ')}"
+    if shared_key is not None:
+        return f"Redis layout is damaged: {shared_key} cannot be written ({redis_message(error)})"
+    return None
+
+
+def _layout_damaged(text: str) -> str:
+    return f"Redis layout is damaged: {text.removeprefix('CDCLAYOUT ')}"
 
 
 def is_fenced(reply: Any) -> bool:

@@ -24,9 +24,16 @@ then C x [hash field, name as JSON string, RFC 6901 path as JSON string]
 then H x [n, column 1..n]
 then N x [group, key JSON, op, version, reset 0|1, shape (0 = delete), value 1..n]
 
-A group whose token is below the one the partition has seen for its table
-fails the whole call with "FENCED" before anything is written: a sidecar that
-lost its lease (paused past it) cannot write after the new owner did.
+Errors, each returned before anything of the failing change is written:
+- "CDCLAYOUT ...": a key the partition shares (@seq, @stream, @fence, an
+  index) is damaged; checked for the whole call before anything is written;
+- "NOPERM ...": the ACL refuses to let this user publish on a section's
+  channel (a call's KEYS are checked by Redis itself before the script runs);
+- "FENCED ...": a group's token is below the one the partition has seen for
+  its table: a sidecar that lost its lease (paused past it) cannot write after
+  the new owner did. Checked for the whole call before anything is written.
+Python (publishers/apply.py) reports the changes of a CDCLAYOUT or NOPERM
+call as blocked; any other error is the content of one change (bisected).
 
 Returns {statuses, seq}: one character per change ('p' applied and published,
 'a' applied with nothing visible to publish, 's' stale: dropped), and the
@@ -80,6 +87,24 @@ end
 problem = problem or check_type(fence_key, 'hash')
 if problem then return layout_error(problem) end
 
+local seq = tonumber(call('GET', seq_key) or '0')
+if seq == nil then return layout_error(seq_key .. ' does not hold an integer') end
+
+-- every message id is <seq>-0, so the stream's last id can never pass @seq;
+-- if it did, each XADD would fail: refuse now, before the fence is written
+if call('EXISTS', stream_key) == 1 then
+  local info = call('XINFO', 'STREAM', stream_key)
+  for i = 1, #info, 2 do
+    if info[i] == 'last-generated-id' then
+      local top = tonumber(string.match(info[i + 1], '^(%d+)'))
+      if top > seq then
+        return layout_error(stream_key .. ' is ahead of ' .. seq_key .. ' (last id '
+          .. info[i + 1] .. ', @seq ' .. format('%d', seq) .. ')')
+      end
+    end
+  end
+end
+
 -- tokens are decimal strings, compared like versions (never tonumber'd)
 for g = 1, ngroups do
   local token = groups[g].token
@@ -91,9 +116,6 @@ for g = 1, ngroups do
     if seen ~= token then call('HSET', fence_key, groups[g].tbl, token) end
   end
 end
-
-local seq = tonumber(call('GET', seq_key) or '0')
-if seq == nil then return layout_error(seq_key .. ' does not hold an integer') end
 
 -- columns as three flat arrays (hash field, JSON name, JSON path): no table per
 -- column. A shape is a row's column list, as column numbers; reads[h] is what
@@ -118,21 +140,25 @@ end
 
 local tombstone_patch = '[{"op":"replace","path":"","value":null}]'
 
--- appends the change message to the stream, advances @seq and publishes.
--- XADD goes first: a stream whose top id is ahead of @seq fails it before this
--- change writes anything; INCR follows at once, so @seq and the stream stay in
--- step even if a later change of this call aborts the script (WRONGTYPE)
+-- publishes the change message, appends it to the stream and advances @seq;
+-- returns an error reply's text when the message cannot go out.
+-- PUBLISH goes first: an ACL that refuses the channel (the one refusal Redis
+-- cannot check before the script runs) fails it before this change writes
+-- anything. XADD cannot fail (the stream was checked against @seq above), and
+-- INCR follows at once, so @seq and the stream stay in step even if a later
+-- change of this call aborts the script (WRONGTYPE). Nobody sees the message
+-- before it is in the stream: Redis serves no one else while a script runs.
 local function emit(grp, key_json, op, version, patch)
   local sid = format('%d', seq + 1)
   local msg = '{"seq":' .. sid .. ',"partition":' .. partition .. ',"section":' .. grp.section
     .. ',"key":' .. key_json .. ',"op":"' .. op .. '","version":' .. version
     .. ',"table":' .. grp.tbl .. ',"ts":"' .. ts .. '","patch":' .. patch .. '}'
-  local r = pcall_redis('XADD', stream_key, 'MAXLEN', '~', maxlen, sid .. '-0', 'm', msg)
+  local r = pcall_redis(publish, grp.channel, msg)
   if type(r) == 'table' and r.err then
-    return stream_key .. ' is ahead of ' .. seq_key .. ' (' .. r.err .. ')'
+    return 'NOPERM cannot publish on ' .. grp.channel .. ': ' .. r.err
   end
+  call('XADD', stream_key, 'MAXLEN', '~', maxlen, sid .. '-0', 'm', msg)
   seq = call('INCR', seq_key)
-  call(publish, grp.channel, msg)
 end
 
 -- JSON text of the RFC 6901 path of a column that vanished from a row (the
@@ -237,7 +263,7 @@ for i = 1, #KEYS - kbase do
   else
     status = update(grp, doc, key_json, op, version, shape, vbase, got)
   end
-  if problem then return layout_error(problem) end
+  if problem then return redis.error_reply(problem) end
   statuses[i] = status
 end
 

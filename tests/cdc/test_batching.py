@@ -11,10 +11,10 @@ from collections.abc import Sequence
 import pytest
 
 from cdc.backoff import EmptyPollBackoff
-from cdc.batching import AutoBatchWorker, Ticket
+from cdc.batching import AutoBatchWorker, Refusal, Ticket
 from cdc.config import DEFAULT_BACKOFF
 from cdc.errors import RedisUnavailable
-from publishers.model import ApplyResult, Change
+from publishers.model import ApplyResult, Blocked, Change
 
 
 def change(n: int, table: str = "dbo.T") -> Change:
@@ -166,4 +166,39 @@ async def test_a_fenced_change_marks_only_its_own_ticket_refused() -> None:
     await asyncio.wait_for(worker.drain(), 5)
     await worker.stop()
     assert all(t.done.is_set() for t in tickets)
-    assert [t.refused for t in tickets] == [False, True, False]
+    assert [t.refusal for t in tickets] == [None, Refusal("fenced", "p", "FENCED"), None]
+
+
+async def test_a_blocked_change_refuses_its_ticket_with_the_reason_and_fenced_outranks_it() -> None:
+    """Blocked and FENCED changes in one read: the read is refused as FENCED
+    (the table is not ours any more: nothing to retry), whatever came first."""
+
+    async def refuse_some(changes: Sequence[Change]) -> ApplyResult:
+        blocked = [Blocked(c, "Redis layout is damaged: x") for c in changes if c.version in (2, 6)]
+        return ApplyResult(
+            applied=len(changes) - 3, blocked=blocked, fenced=[c for c in changes if c.version == 7]
+        )
+
+    worker = AutoBatchWorker(refuse_some, max_batch_size=100, max_wait=1.0, capacity=100)
+    tickets = [Ticket(version=5), Ticket(version=10)]
+    for i, ticket in enumerate(tickets):
+        await worker.put_many([change(n) for n in range(5 * i + 1, 5 * i + 6)], ticket)
+        ticket.seal()
+    worker.start()
+    await asyncio.wait_for(worker.drain(), 5)
+    await worker.stop()
+    assert [t.refusal for t in tickets] == [
+        Refusal("blocked", "p", "Redis layout is damaged: x"),
+        Refusal("fenced", "p", "FENCED"),
+    ]
+
+
+def test_fenced_outranks_blocked_in_either_order() -> None:
+    blocked, fenced = Refusal("blocked", "p1", "why"), Refusal("fenced", "p2", "FENCED")
+    for first, second in ((blocked, fenced), (fenced, blocked)):
+        ticket = Ticket(version=1)
+        ticket.add(2)
+        ticket.seal()
+        ticket.applied(refusal=first)
+        ticket.applied(refusal=second)
+        assert ticket.done.is_set() and ticket.refusal == fenced

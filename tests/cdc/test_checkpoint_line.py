@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from cdc.batching import Ticket
+from cdc.batching import Refusal, Ticket
 from cdc.checkpoint import CHECKPOINT_INTERVAL, IDLE_CHECKPOINT_INTERVAL, CheckpointLine
-from cdc.errors import LeaseLost
+from cdc.errors import ApplyBlocked, LeaseLost
 
 
 class Clock:
@@ -25,6 +25,10 @@ def read(version: int, changes: int = 1) -> Ticket:
     ticket.add(changes)
     ticket.seal()
     return ticket
+
+
+FENCED = Refusal("fenced", "p1", "FENCED")
+BLOCKED = Refusal("blocked", "p1", "Redis layout is damaged: ns:{p1}:@seq does not hold an integer")
 
 
 @pytest.fixture
@@ -79,7 +83,7 @@ def test_a_refused_read_is_never_passed(line: CheckpointLine) -> None:
     for ticket in (first, refused, later):
         line.register(ticket)
     first.applied()
-    refused.applied(refused=True)
+    refused.applied(refusal=FENCED)
     later.applied()
 
     with pytest.raises(LeaseLost, match="dbo.items"):
@@ -88,6 +92,77 @@ def test_a_refused_read_is_never_passed(line: CheckpointLine) -> None:
     with pytest.raises(LeaseLost):  # it stays at the head
         line.advance()
     assert line.applied == 20
+
+
+def test_a_blocked_read_raises_apply_blocked_and_is_never_passed(line: CheckpointLine) -> None:
+    first, blocked, later = read(20), read(30), read(40)
+    for ticket in (first, blocked, later):
+        line.register(ticket)
+    first.applied()
+    blocked.applied(refusal=BLOCKED)
+    later.applied()
+
+    with pytest.raises(ApplyBlocked) as raised:
+        line.advance()
+    assert str(raised.value).startswith(
+        "dbo.items: changes to partition 'p1' not applied: "
+        "Redis layout is damaged: ns:{p1}:@seq does not hold an integer"
+    )
+    assert line.applied == 20  # up to the blocked read, not over it
+    with pytest.raises(ApplyBlocked):  # it stays at the head
+        line.advance()
+    assert (line.applied, line.oldest_read_age()) == (20, 0.0)
+    assert not line.empty
+
+
+async def test_drain_and_wait_applied_raise_at_a_blocked_read(line: CheckpointLine) -> None:
+    first, blocked = read(20), read(30)
+    line.register(first)
+    line.register(blocked)
+    first.applied()
+    blocked.applied(refusal=BLOCKED)
+
+    with pytest.raises(ApplyBlocked, match="partition 'p1'"):
+        await asyncio.wait_for(line.drain(), 1.0)
+    assert line.applied == 20
+    sweep = read(50)
+    sweep.applied(refusal=BLOCKED)
+    with pytest.raises(ApplyBlocked, match="dbo.items"):
+        await asyncio.wait_for(line.wait_applied(sweep), 1.0)
+
+
+def test_a_fenced_change_outranks_a_blocked_one_in_the_same_read(line: CheckpointLine) -> None:
+    both = read(20, changes=2)
+    line.register(both)
+    both.applied(refusal=BLOCKED)
+    both.applied(refusal=FENCED)
+
+    with pytest.raises(LeaseLost):
+        line.advance()
+
+
+def test_forget_reads_keeps_what_is_applied_and_persisted(line: CheckpointLine) -> None:
+    first, blocked, later = read(20), read(30), read(40)
+    for ticket in (first, blocked, later):
+        line.register(ticket)
+    first.applied()
+    line.advance()
+    line.persisted_now()
+    blocked.applied(refusal=BLOCKED)
+    with pytest.raises(ApplyBlocked):
+        line.advance()
+
+    line.forget_reads()
+
+    assert line.empty
+    assert (line.applied, line.persisted) == (20, 20)
+    assert line.advance() is False
+    later.applied()  # a forgotten read that completes later moves nothing
+    assert line.advance() is False and line.applied == 20
+    again = read(35)  # the table reads again from 20
+    line.register(again)
+    again.applied()
+    assert line.advance() is True and line.applied == 35
 
 
 def test_an_empty_read_advances_at_once(line: CheckpointLine) -> None:
@@ -119,7 +194,7 @@ async def test_drain_stops_at_a_refused_read(line: CheckpointLine) -> None:
     line.register(first)
     line.register(refused)
     first.applied()
-    refused.applied(refused=True)
+    refused.applied(refusal=FENCED)
 
     with pytest.raises(LeaseLost):
         await asyncio.wait_for(line.drain(), 1.0)

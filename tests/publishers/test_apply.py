@@ -1,7 +1,7 @@
 """The apply path against real Redis, on one server and on a 3-master cluster:
 patches, op derivation, exact bigints and versions, fencing, tombstones,
 seq without gaps, poison isolation, checkpoints, dead letter, connection
-errors without passwords."""
+errors without passwords. (A damaged partition: test_apply_blocked.py.)"""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from cdc.config import RedisConfig
 from cdc.devservers import RedisServer
-from cdc.errors import CdcError, ConnectError, RedisUnavailable
+from cdc.errors import ConnectError, RedisUnavailable
 from publishers.connection import HiredisConnection
 from publishers.layout import Layout, decode_partition, encode_partition
 from publishers.manager import DataManager
@@ -288,14 +288,6 @@ async def test_rows_that_cannot_be_sent_never_reach_the_script(redis_config: Red
         assert len(await manager.read_dead_letters(10)) == 4
     finally:
         await manager.close()
-
-
-async def test_damaged_shared_keys_fail_loudly_without_dead_letters(manager: DataManager) -> None:
-    await manager.client.set(manager.layout.seq("app1"), "abc")
-    with pytest.raises(CdcError, match="does not hold an integer") as raised:
-        await manager.apply([upsert("1", 1, Id=1)])
-    assert not isinstance(raised.value, RedisUnavailable)
-    assert await manager.read_dead_letters(10) == []
 
 
 # -- checkpoints, dead letter, heartbeats, sweeping ---------------------------
