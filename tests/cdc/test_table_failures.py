@@ -16,23 +16,27 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
 from cdc import daemon as daemon_module
 from cdc import tracker as tracker_module
 from cdc.config import Config, parse_config
 from cdc.daemon import Daemon
 from cdc.sources.memory import MemorySource
+from publishers.layout import Layout
 from publishers.manager import DataManager
 from publishers.retrying import equal_jitter
 from tests.e2e import wait_for
 
 ITEMS, OTHER = "mem.items", "mem.other"
+PARTITION = {ITEMS: "p", OTHER: "q"}  # a partition each: a damaged one is one table's
 DEADLINE = 10.0  # seconds; each step takes well under one
 
 
 def config(redis_url: str, namespace: str, columns: str = "") -> Config:
     tables = "".join(
-        f"  - table: {t}\n    partition: p\n    section: {t.split('.')[1]}\n    backoff: [[null, 10ms]]\n"
+        f"  - table: {t}\n    partition: {PARTITION[t]}\n    section: {t.split('.')[1]}\n"
+        "    backoff: [[null, 10ms]]\n"
         for t in (ITEMS, OTHER)
     )
     if columns:
@@ -55,7 +59,7 @@ class Sidecar:
     next_id: int = 1000
 
     async def documents(self, table: str) -> dict[str, dict[str, Any]]:
-        documents = await self.manager.documents("p", table.split(".")[1])
+        documents = await self.manager.documents(PARTITION[table], table.split(".")[1])
         return {
             key: {c: v for c, v in doc.items() if not c.startswith("@")} for key, doc in documents.items()
         }
@@ -188,7 +192,8 @@ async def test_a_dropped_table_is_degraded_until_created_and_enabled_again(sidec
     await wait_for(
         lambda: sidecar.mirrored(ITEMS), DEADLINE, "the new table's rows, the old ones' documents gone"
     )
-    assert sidecar.degraded(ITEMS) is None and sidecar.daemon.readyz()[0]
+    await wait_for(lambda: sidecar.recovered(ITEMS), DEADLINE, "items recovered")
+    assert sidecar.daemon.readyz()[0]
     assert set(await sidecar.documents(ITEMS)) == {"7", "8"}
 
 
@@ -273,3 +278,23 @@ async def test_a_table_missing_at_start_up_does_not_keep_the_others_down(
         finally:
             daemon.request_stop()
             await asyncio.wait_for(task, 30)
+
+
+async def test_a_damaged_partition_degrades_its_table_until_repaired(
+    sidecar: Sidecar, redis_client: aioredis.Redis, namespace: str
+) -> None:
+    seq = Layout(namespace).seq(PARTITION[ITEMS])
+    good = await redis_client.get(seq)
+    await redis_client.set(seq, "x")
+    sidecar.source.update(ITEMS, {"id": 1}, {"n": 111})
+    sidecar.source.insert(ITEMS, {"id": 400, "n": 4})
+
+    await wait_for(lambda: sidecar.is_degraded(ITEMS, "does not hold an integer"), DEADLINE, "items degraded")
+    await sidecar.streams()
+    assert await redis_client.xlen(Layout(namespace).deadletter()) == 0, (
+        "the changes are fine: no dead letter"
+    )
+
+    await redis_client.set(seq, good)
+    await wait_for(lambda: sidecar.mirrored(ITEMS), DEADLINE, "the blocked changes, once repaired")
+    await wait_for(lambda: sidecar.recovered(ITEMS), DEADLINE, "items recovered")
