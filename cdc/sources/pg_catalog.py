@@ -107,8 +107,12 @@ async def similar_tables(conn: Connection, schema: str, name: str) -> list[str]:
     return [row[0] for row in rows]
 
 
-async def missing_table(conn: Connection, schema: str, name: str) -> SchemaError:
-    """The error for a table that is not there, naming one it may have meant."""
-    similar = await similar_tables(conn, schema, name)
-    hint = f" (names are case-sensitive: did you mean {similar[0]}?)" if similar else ""
+async def missing_table(conn: Connection, schema: str, name: str, renamed: str | None = None) -> SchemaError:
+    """The error for a table that is not there, naming one it may have meant, or
+    the name it has now when the tracking registry knows it was ``renamed``."""
+    if renamed is not None:
+        hint = f" (renamed to {renamed}? update the config, or rename it back)"
+    else:
+        similar = await similar_tables(conn, schema, name)
+        hint = f" (names are case-sensitive: did you mean {similar[0]}?)" if similar else ""
     return SchemaError(f"{schema}.{name}: no such table{hint}")

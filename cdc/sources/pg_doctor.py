@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cdc.config import TableConfig
-from cdc.sources import pg_tracking
+from cdc.sources import pg_status, pg_tracking
 from cdc.sources.base import Finding
 from cdc.sources.pg_catalog import Connection
 from cdc.sources.pg_reads import read_bound
@@ -37,7 +37,7 @@ async def doctor(conn: Connection, schema: str, tables: Sequence[TableConfig]) -
 async def _table_findings(
     conn: Connection, schema: str, table_config: TableConfig, version: int
 ) -> list[Finding]:
-    status = await pg_tracking.table_status(conn, schema, table_config, version)
+    status = await pg_status.table_status(conn, schema, table_config, version)
     extra = {"min_valid_version": status.min_valid_version}
     findings = [Finding("ok" if status.enabled else "error", table_config.table, status.detail, extra)]
     net = pg_tracking.net_table_name(table_config.schema, table_config.name)

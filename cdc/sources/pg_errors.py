@@ -2,22 +2,58 @@
 
 Connection failures and timeouts are ``SourceUnavailable`` (retried), a
 failing ``connect()`` is ``ConnectError`` (exit code 3), other refusals are
-``SourceError``. Messages never contain the DSN's password.
+``SourceError``, but for the errors a read raises because its table changed
+under it (``table_changed``), which are ``SchemaError``: the table is
+described again. Messages never contain the DSN's password.
 """
 
 from __future__ import annotations
 
 import psycopg
 
-from cdc.errors import CdcError, ConnectError, SourceError, SourceUnavailable
+from cdc.errors import CdcError, ConnectError, SchemaError, SourceError, SourceUnavailable
 from cdc.sources.pg_dsn import redact_dsn, scrub
 
 # What a broken link raises: the connection may be gone with it.
 LINK_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, OSError)
 
 
-def map_error(exc: psycopg.Error | OSError, dsn: str, what: str) -> CdcError:
-    """A driver error raised while running ``what``, as a ``cdc.errors`` error."""
+# What a read or snapshot raises when ALTER TABLE, DROP TABLE or RENAME changed
+# its table after the TableInfo it was given was described:
+_CHANGED = frozenset(
+    {
+        "42703",  # undefined_column: a published column dropped or renamed
+        "42P01",  # undefined_table: the table dropped or renamed
+        "42804",  # datatype_mismatch: a row type no longer what the query expects
+        "42883",  # undefined_function: a key retyped, its net entries no longer compare (no operator)
+    }
+)
+
+# A prepared statement (psycopg prepares a query run five times) whose result
+# columns changed type; psycopg keeps it, so every later run of the same text
+# on that connection fails the same way: the connection must go.
+STALE_PLAN = "cached plan must not change result type"
+
+
+def is_stale_plan(exc: BaseException) -> bool:
+    return isinstance(exc, psycopg.errors.FeatureNotSupported) and STALE_PLAN in str(exc)
+
+
+def table_changed(exc: BaseException, table: str) -> SchemaError | None:
+    """The ``SchemaError`` for a read of ``table`` that failed because the table
+    changed under it, or None when ``exc`` is something else."""
+    if not isinstance(exc, psycopg.Error) or not (exc.sqlstate in _CHANGED or is_stale_plan(exc)):
+        return None
+    detail = exc.diag.message_primary or str(exc).strip()
+    return SchemaError(f"{table}: the table changed while it was read ({detail}): describing it again")
+
+
+def map_error(exc: psycopg.Error | OSError, dsn: str, what: str, table: str | None = None) -> CdcError:
+    """A driver error raised while running ``what`` (on ``table``, when one), as a
+    ``cdc.errors`` error."""
+    changed = None if table is None else table_changed(exc, table)
+    if changed is not None:
+        return changed
     if isinstance(exc, LINK_ERRORS):
         return SourceUnavailable(f"PostgreSQL: {what}: {scrub(exc, dsn)}")
     return SourceError(f"PostgreSQL: {what}: {scrub(exc, dsn)}")

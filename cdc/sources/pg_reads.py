@@ -20,13 +20,14 @@ import asyncio
 import functools
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 import orjson
 import psycopg
 from psycopg import AsyncCursor, sql
 
-from cdc.errors import SourceUnavailable, TrackingExpired, TrackingNotEnabled
+from cdc.errors import SchemaError, SourceUnavailable, TrackingExpired, TrackingNotEnabled
 from cdc.sources import pg_tracking
 from cdc.sources.base import ChangePage, ChangeRow, Cursor, TableInfo
 from cdc.sources.pg_catalog import Connection
@@ -78,14 +79,33 @@ def changes_query(
     )
 
 
-def window_query(schema: str) -> sql.Composed:
-    """This snapshot's bound (xmin - 1) and xmax, and the table's registry entry
-    (net table, min_valid_version). Parameter: "schema.name"."""
+def window_query(schema: str, info: TableInfo) -> sql.Composed:
+    """This snapshot's bound (xmin - 1) and xmax, the table's registry entry (net
+    table, min_valid_version, the table object it was enabled for: read through
+    to_jsonb, as a registry not migrated yet has no table_oid), and the table
+    object the table's name stands for now. Parameter: "schema.name". Row
+    layout: ``Window``'s fields."""
     return sql.SQL(
         "select pg_snapshot_xmin(s)::text::bigint - 1 as bound, pg_snapshot_xmax(s)::text::bigint as xmax,"
-        " r.net_table, r.min_valid_version"
+        " r.net_table, r.min_valid_version, (to_jsonb(r) ->> 'table_oid')::oid as registered_oid,"
+        " to_regclass(quote_ident({}) || '.' || quote_ident({}))::oid as current_oid"
         " from pg_current_snapshot() as s left join {} as r on r.table_name = %s"
-    ).format(sql.Identifier(schema, "tracked_tables"))
+    ).format(sql.Literal(info.schema), sql.Literal(info.name), sql.Identifier(schema, "tracked_tables"))
+
+
+@dataclass(frozen=True)
+class Window:
+    """What a read checks before it reads (``window_query``)."""
+
+    bound: int
+    xmax: int
+    net: str | None
+    min_valid: int | None
+    registered_oid: int | None
+    current_oid: int | None
+
+
+WINDOW_COLUMNS = len(fields(Window))
 
 
 def whole_read_query(schema: str, net: str, info: TableInfo) -> sql.Composed:
@@ -93,11 +113,11 @@ def whole_read_query(schema: str, net: str, info: TableInfo) -> sql.Composed:
     statement, so in one snapshot without a transaction around it: a read
     that fits one page (every poll of a table that is quiet or keeping up)
     costs one round trip instead of four. Parameters: "schema.name", since,
-    limit. Row layout: the window's four columns, then ``changes_query``'s
+    limit. Row layout: the window's columns, then ``changes_query``'s
     (all NULL, in the one row, when there is no entry)."""
     changes = changes_query(schema, net, info, after=False, limit=True, bound=sql.SQL("w.bound"))
     return sql.SQL("select * from ({}) as w left join lateral ({}) as c on true").format(
-        window_query(schema), changes
+        window_query(schema, info), changes
     )
 
 
@@ -249,10 +269,20 @@ async def read_bound(conn: Connection) -> int:
     return int(row[0])
 
 
-def check_window(info: TableInfo, since: int, xmax: int, net: str | None, min_valid: int | None) -> None:
-    """Raise when ``since`` is not a valid start for a read of the table."""
+def check_window(info: TableInfo, since: int, window: Window) -> None:
+    """Raise when the table is not the one ``info`` describes, its changes are not
+    captured, or ``since`` is not a valid start for a read of it."""
+    check_identity(info, window.current_oid)
+    net, min_valid, xmax = window.net, window.min_valid, window.xmax
     if net is None or min_valid is None:
-        raise TrackingNotEnabled(f"{info.table}: change tracking is not enabled (cdc tracking enable)")
+        raise TrackingNotEnabled(
+            f"{info.table}: change tracking is not enabled (cdc tracking enable --table {info.table})"
+        )
+    if window.registered_oid not in (None, window.current_oid):
+        raise TrackingNotEnabled(
+            f"{info.table}: the table was dropped and created again since change tracking was enabled: "
+            f"its changes are not captured; run cdc tracking enable --table {info.table}"
+        )
     if since >= xmax:
         reason = f"the source's next transaction id {xmax} is not above the checkpoint {since}: restored?"
         raise TrackingExpired(info.table, reason)
@@ -264,19 +294,29 @@ def check_window(info: TableInfo, since: int, xmax: int, net: str | None, min_va
         raise TrackingExpired(info.table, reason)
 
 
+def check_identity(info: TableInfo, current_oid: int | None) -> None:
+    """A table dropped and created again under the name ``info`` was described
+    with is another table: its columns may even be the same."""
+    if info.identity and current_oid is not None and str(current_oid) != info.identity:
+        raise SchemaError(
+            f"{info.table}: the table changed while it was read (it was dropped and created again): "
+            "describing it again"
+        )
+
+
 async def window(conn: Connection, schema: str, info: TableInfo, since: int) -> tuple[int, str]:
     """This snapshot's bound and the table's net table; raises when ``since`` is not valid."""
     qualified = f"{info.schema}.{info.name}"
     try:
-        row = await (await conn.execute(window_query(schema), [qualified])).fetchone()
+        row = await (await conn.execute(window_query(schema, info), [qualified])).fetchone()
     except psycopg.errors.UndefinedTable:
         raise TrackingNotEnabled(
-            f"{info.table}: change tracking is not installed (cdc tracking enable)"
+            f"{info.table}: change tracking is not installed (cdc tracking enable --table {info.table})"
         ) from None
     assert row is not None
-    bound, xmax, net, min_valid = row
-    check_window(info, since, xmax, net, min_valid)
-    return int(bound), str(net)
+    found = Window(*row)
+    check_window(info, since, found)
+    return int(found.bound), str(found.net)
 
 
 async def whole_read(
@@ -297,13 +337,13 @@ async def whole_read(
         records = await (await conn.execute(query, [qualified, since, probe + 1])).fetchall()
     except psycopg.errors.UndefinedTable:
         return None  # tracking is not installed, or the net table is gone
-    bound, xmax, registered, min_valid = records[0][:4]
-    check_window(info, since, xmax, registered, min_valid)
-    if registered != net or len(records) > probe:
+    found = Window(*records[0][:WINDOW_COLUMNS])
+    check_window(info, since, found)
+    if found.net != net or len(records) > probe:
         return None
-    rows = [record[4:] for record in records if record[4] is not None]
-    page = change_page(info, since, max(since, int(bound)), rows, limit)
-    return page, int(bound) + 1 >= int(xmax)
+    rows = [record[WINDOW_COLUMNS:] for record in records if record[WINDOW_COLUMNS] is not None]
+    page = change_page(info, since, max(since, found.bound), rows, limit)
+    return page, found.bound + 1 >= found.xmax
 
 
 async def first_page(
@@ -317,6 +357,7 @@ async def first_page(
 ) -> tuple[ChangePage, HeldRead | None]:
     """One transaction: check ``since``, fix the bound, read a page and hold the rest."""
     async with conn.transaction():
+        await lock_source(conn, info)
         bound, net = await window(conn, schema, info, since)
         bound = max(since, bound if upto is None else min(upto, bound))
         query = changes_query(schema, net, info, after=after is not None, limit=True)
@@ -335,12 +376,32 @@ async def first_page(
 # -- snapshots --------------------------------------------------------------------
 
 
+async def lock_source(conn: Connection, info: TableInfo) -> None:
+    """Take the source table's ACCESS SHARE lock before the transaction's first
+    query fixes its snapshot. A table rewrite (ALTER COLUMN ... TYPE, ADD COLUMN
+    with a volatile default) is not MVCC-safe: a snapshot taken before it
+    commits sees the rewritten table empty, so a read would take every changed
+    row for deleted and a snapshot would find no row. Holding the lock first,
+    the rewrite waits for the transaction, or the transaction for the rewrite."""
+    await conn.execute(
+        sql.SQL("lock table {} in access share mode").format(sql.Identifier(info.schema, info.name))
+    )
+
+
 async def snapshot_version(conn: Connection, schema: str, info: TableInfo) -> int:
     """The version the snapshot is consistent with (its first statement fixes
     the snapshot). Below the table's minimum valid version (tracking was just
     enabled, or the table truncated, while an older transaction still runs)
-    no read could follow it: that is a wait, not a reason to snapshot again."""
+    no read could follow it: that is a wait, not a reason to snapshot again.
+    A table dropped and created again since ``info`` was described is refused
+    (``check_identity``)."""
     version = await read_bound(conn)
+    current = await (
+        await conn.execute(
+            "select to_regclass(quote_ident(%s) || '.' || quote_ident(%s))::oid", [info.schema, info.name]
+        )
+    ).fetchone()
+    check_identity(info, current[0] if current else None)
     entry = await pg_tracking.registry_entry(conn, schema, f"{info.schema}.{info.name}")
     if entry is not None and version < entry.min_valid_version:
         raise SourceUnavailable(

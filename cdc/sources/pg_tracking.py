@@ -3,7 +3,8 @@
 PostgreSQL has no built-in change tracking (DESIGN.md §2), so cdc-sync brings
 its own, in one schema (``cdc_tracking`` unless configured otherwise)::
 
-    <schema>.tracked_tables      registry: "schema.name" -> net table, min_valid_version
+    <schema>.tracked_tables      registry: "schema.name" -> net table, min_valid_version,
+                                 table_oid (the table object tracking was enabled for)
     <schema>.<net table>         per tracked table, one row per changed primary key:
                                  op (I/U/D), version, creation_version,
                                  column_versions {column: version}, changed_at
@@ -33,9 +34,7 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from cdc.config import TableConfig
 from cdc.errors import SchemaError, TrackingNotEnabled
-from cdc.sources.base import TrackingStatus
 from cdc.sources.pg_catalog import CatalogTable, Connection, find_table
 
 # Columns of a net table besides the primary key: a source key column cannot share a name.
@@ -67,8 +66,12 @@ create table if not exists {registry} (
     table_name text primary key,  -- "schema.name"
     net_table text not null unique,
     min_valid_version bigint not null,
-    enabled_at timestamptz not null default now()
+    enabled_at timestamptz not null default now(),
+    table_oid oid  -- NULL: enabled by a version that did not record it
 )"""
+
+# Registries installed before table_oid existed gain it (NULL: not known).
+_MIGRATE_REGISTRY = "alter table {registry} add column if not exists table_oid oid"
 
 _NOTIFY = """
 begin
@@ -80,13 +83,14 @@ _ON_TRUNCATE = """
 declare
     _cdc_net text;
 begin
-    update {registry}
-       set min_valid_version = greatest(min_valid_version, pg_current_xact_id()::text::bigint)
-     where table_name = TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME
-    returning net_table into _cdc_net;
-    if _cdc_net is not null then
+    for _cdc_net in
+        update {registry}
+           set min_valid_version = greatest(min_valid_version, pg_current_xact_id()::text::bigint)
+         where table_oid = TG_RELID or (table_oid is null and table_name = TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME)
+        returning net_table
+    loop
         execute format('delete from %I.%I', {schema}, _cdc_net);
-    end if;
+    end loop;
     return null;
 end"""
 
@@ -132,6 +136,7 @@ async def install_schema(conn: Connection, schema: str) -> None:
     literal = sql.Literal(schema)
     await conn.execute(sql.SQL("create schema if not exists {}").format(ident))
     await conn.execute(sql.SQL(_REGISTRY).format(registry=registry))
+    await conn.execute(sql.SQL(_MIGRATE_REGISTRY).format(registry=registry))
     bodies = {
         "notify": (sql.SQL(_NOTIFY).format(channel=literal), False),
         "on_truncate": (sql.SQL(_ON_TRUNCATE).format(registry=registry, schema=literal), True),
@@ -209,7 +214,7 @@ def check_trackable(table: CatalogTable) -> None:
         )
 
 
-async def _net_table_fits(conn: Connection, schema: str, net: str, table: CatalogTable) -> bool:
+async def net_table_fits(conn: Connection, schema: str, net: str, table: CatalogTable) -> bool:
     """The existing net table (if any) has the source's primary key, same names and types."""
     existing = await find_table(conn, schema, net)
     if existing is None:
@@ -245,12 +250,22 @@ async def _register(conn: Connection, schema: str, table: CatalogTable, net: str
     """(Re)start the table's history: checkpoints from before this transaction are invalid."""
     await conn.execute(
         sql.SQL(
-            "insert into {} (table_name, net_table, min_valid_version)"
-            " values (%s, %s, pg_current_xact_id()::text::bigint)"
+            "insert into {} (table_name, net_table, min_valid_version, table_oid)"
+            " values (%s, %s, pg_current_xact_id()::text::bigint, %s)"
             " on conflict (table_name) do update set net_table = excluded.net_table,"
-            " min_valid_version = excluded.min_valid_version, enabled_at = now()"
+            " min_valid_version = excluded.min_valid_version, enabled_at = now(), table_oid = excluded.table_oid"
         ).format(sql.Identifier(schema, "tracked_tables")),
-        [table.qualified, net],
+        [table.qualified, net, table.oid],
+    )
+
+
+async def _record_oid(conn: Connection, schema: str, table: CatalogTable) -> None:
+    """Remember which table object an entry from before ``table_oid`` tracks (history kept)."""
+    await conn.execute(
+        sql.SQL("update {} set table_oid = %s where table_name = %s").format(
+            sql.Identifier(schema, "tracked_tables")
+        ),
+        [table.oid, table.qualified],
     )
 
 
@@ -277,18 +292,71 @@ async def _create_triggers(conn: Connection, schema: str, net: str, table: Catal
 
 
 async def enable_table(conn: Connection, schema: str, table: CatalogTable) -> str:
-    """Track ``table`` (idempotent). The history is kept when the net table still
-    fits the primary key, and restarted (checkpoints expire) when it does not."""
+    """Track ``table`` (idempotent). The history is kept when the registry entry is
+    this very table object, its triggers were in place and its net table still
+    fits the primary key; else it restarts (``_restart_reason``): checkpoints
+    expire and the sidecar snapshots the table again."""
     check_trackable(table)
     net = net_table_name(table.schema, table.name)
     entry = await registry_entry(conn, schema, table.qualified)
-    kept = entry is not None and entry.net_table == net and await _net_table_fits(conn, schema, net, table)
-    if not kept:
+    restart = await _restart_reason(conn, schema, table, net, entry)
+    if restart is not None:
         await _create_net_table(conn, schema, net, table)
         await _register(conn, schema, table, net)
+    elif entry is not None and entry.table_oid is None:
+        await _record_oid(conn, schema, table)
+    released = ""
+    if entry is not None and entry.table_oid not in (None, table.oid):
+        released = await _release_old_table(conn, schema, entry.table_oid)
     await _create_triggers(conn, schema, net, table)
-    state = "already enabled, triggers refreshed" if kept else "enabled"
-    return f"{table.qualified}: change tracking {state} (net table {schema}.{net})"
+    state = restart or "already enabled, triggers refreshed"
+    return f"{table.qualified}: change tracking {state} (net table {schema}.{net}){released}"
+
+
+async def _restart_reason(
+    conn: Connection, schema: str, table: CatalogTable, net: str, entry: RegistryEntry | None
+) -> str | None:
+    """Why the table's history must start (again), or None to keep it."""
+    if entry is None:
+        return "enabled"
+    if entry.table_oid not in (None, table.oid):
+        return "enabled again: the table was re-created since tracking was enabled: history restarted"
+    if await _changes_missed(conn, schema, table):
+        return "enabled again: its capture or truncate trigger was missing or disabled: history restarted"
+    if entry.net_table != net or not await net_table_fits(conn, schema, net, table):
+        return "enabled again: the primary key no longer fits the net table: history restarted"
+    return None
+
+
+async def _changes_missed(conn: Connection, schema: str, table: CatalogTable) -> bool:
+    """Whether the table's capture or truncate trigger is missing or disabled: changes
+    may have gone unrecorded, so no checkpoint can be trusted any more."""
+    capture, truncate, _ = trigger_names(schema)
+    states = await trigger_states(conn, schema, table.oid)
+    return states[capture] in ("", "D") or states[truncate] in ("", "D")
+
+
+async def _release_old_table(conn: Connection, schema: str, old_oid: int) -> str:
+    """The table object tracking was enabled for, when it still exists under another
+    name (renamed away, then a new table took its name): its triggers would go on
+    writing its changes into the net table that is now the new table's. Dropped,
+    unless that object is tracked under its new name (its triggers are its own)."""
+    row = await (
+        await conn.execute(
+            sql.SQL(
+                "select n.nspname, c.relname from pg_class c join pg_namespace n on n.oid = c.relnamespace"
+                " where c.oid = %s and not exists (select from {} r where r.table_name = n.nspname || '.' || c.relname)"
+            ).format(sql.Identifier(schema, "tracked_tables")),
+            [old_oid],
+        )
+    ).fetchone()
+    if row is None:
+        return ""
+    for name in trigger_names(schema):
+        await conn.execute(
+            sql.SQL("drop trigger if exists {} on {}").format(sql.Identifier(name), sql.Identifier(*row))
+        )
+    return f"; the table it replaced, now {row[0]}.{row[1]}, is no longer tracked"
 
 
 async def disable_table(conn: Connection, schema: str, table_schema: str, table_name: str) -> str:
@@ -335,6 +403,7 @@ class RegistryEntry:
     table: str
     net_table: str
     min_valid_version: int
+    table_oid: int | None = None  # None: not recorded (enabled before table_oid existed)
 
 
 async def installed(conn: Connection, schema: str) -> bool:
@@ -347,7 +416,12 @@ async def installed(conn: Connection, schema: str) -> bool:
 async def registry_entry(conn: Connection, schema: str, table: str) -> RegistryEntry | None:
     if not await installed(conn, schema):
         return None
-    query = sql.SQL("select table_name, net_table, min_valid_version from {} where table_name = %s")
+    # table_oid through to_jsonb: a registry not migrated yet (enable not run since
+    # the upgrade) has no such column, and must still be readable
+    query = sql.SQL(
+        "select table_name, net_table, min_valid_version, (to_jsonb(r) ->> 'table_oid')::oid"
+        " from {} as r where table_name = %s"
+    )
     row = await (
         await conn.execute(query.format(sql.Identifier(schema, "tracked_tables")), [table])
     ).fetchone()
@@ -365,23 +439,6 @@ async def trigger_states(conn: Connection, schema: str, table_oid: int) -> dict[
     ).fetchall()
     found = {name: str(enabled) for name, enabled in rows}
     return {name: found.get(name, "") for name in names}
-
-
-async def table_status(
-    conn: Connection, schema: str, table_config: TableConfig, version: int
-) -> TrackingStatus:
-    """Whether the table is tracked, and its triggers in place, as of ``version``."""
-    found = await find_table(conn, table_config.schema, table_config.name)
-    if found is None:
-        return TrackingStatus(table_config.table, False, detail="no such table")
-    entry = await registry_entry(conn, schema, found.qualified)
-    if entry is None:
-        detail = "change tracking is not enabled (run cdc tracking enable)"
-        return TrackingStatus(table_config.table, False, current_version=version, detail=detail)
-    triggers = await trigger_states(conn, schema, found.oid)
-    broken = [f"trigger {n} is {'missing' if not s else 'disabled'}" for n, s in triggers.items() if s != "A"]
-    detail = "; ".join(broken) or f"change tracking enabled (net table {schema}.{entry.net_table})"
-    return TrackingStatus(table_config.table, not broken, entry.min_valid_version, version, detail)
 
 
 async def cleanup(conn: Connection, schema: str, retention: float) -> int:

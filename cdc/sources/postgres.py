@@ -6,9 +6,12 @@ SQL Server one's:
 - ``pg_dsn``: where a DSN points, its password kept out of messages;
 - ``pg_errors``: psycopg errors mapped onto ``cdc.errors``;
 - ``pg_catalog``: finding a table, its columns and primary key;
+- ``pg_shape``: a table's fingerprint, and the ``TableInfo`` made of it;
 - ``pg_reads``: changes and snapshots, each in one snapshot;
-- ``pg_tracking``: the tracking ``cdc tracking enable`` installs, and its status;
+- ``pg_tracking``: the tracking ``cdc tracking enable`` installs;
+- ``pg_status``: whether a table's tracking is in place;
 - ``pg_doctor``: what will go wrong;
+- ``pg_sessions``: its connections, and the errors that leave them;
 - ``pg_types``: the type mapping; ``pg_listen``: wake-ups, and reads not sent.
 
 Changes come from the tracking that ``cdc tracking enable`` installs
@@ -25,7 +28,7 @@ long-running transaction holds ``xmin`` back, which delays changes but never
 loses one. The net entries are joined to the source table in the same
 snapshot, so the values are those of the entry's version.
 
-Connections, each with its own job:
+Connections, each with its own job (``pg_sessions``):
 
 - the reader, shared by all reads (an ``asyncio.Lock`` keeps one transaction
   at a time on it), reconnected when it breaks; its session also keeps the
@@ -35,36 +38,37 @@ Connections, each with its own job:
 - one LISTEN connection for wake-ups (``cdc.sources.pg_listen``), unless
   the source's ``notify`` is false; it also lets a read that cannot find
   anything go unsent (``pg_listen.QuietReads``).
+
+Tables change shape while the sidecar runs (ALTER, DROP, RENAME). A read or
+snapshot that fails because of it raises ``SchemaError`` ("the table changed
+while it was read"), and the table is described again. psycopg prepares a
+query it has run five times and keeps the prepared statement; once a table's
+columns change type, that statement fails for good ("cached plan must not
+change result type"), so the reader is closed after that error, and when a
+table described again differs from what it was (the new queries may have the
+same text).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
 from typing import Any
 
-import psycopg
-
 from cdc.config import SourceConfig, TableConfig
-from cdc.errors import ConnectError, SchemaError
-from cdc.sources import pg_catalog, pg_doctor, pg_reads, pg_tracking
+from cdc.sources import pg_catalog, pg_doctor, pg_reads, pg_shape, pg_status, pg_tracking
 from cdc.sources.base import (
     ChangePage,
-    Column,
     Cursor,
     Finding,
     SnapshotPage,
     TableInfo,
     TrackingStatus,
 )
-from cdc.sources.pg_catalog import CatalogTable, Connection
-from cdc.sources.pg_errors import LINK_ERRORS, connect_error, map_error
+from cdc.sources.pg_catalog import Connection
 from cdc.sources.pg_listen import NotificationListener, QuietReads, ReadStart
 from cdc.sources.pg_reads import HeldRead
-from cdc.sources.pg_types import check_supported, prepare_session
-
-MIN_SERVER_VERSION = 130000  # pg_current_xact_id() and pg_current_snapshot()
+from cdc.sources.pg_sessions import Sessions
 
 
 class PostgresSource:
@@ -75,94 +79,61 @@ class PostgresSource:
     def __init__(self, config: SourceConfig) -> None:
         self._config = config
         self._schema = config.tracking_schema
-        self._reader: Connection | None = None
-        self._lock = asyncio.Lock()
-        self._held: dict[str, HeldRead] = {}  # table -> the rest of a paged read
+        self._sessions = Sessions(config)
+        self._held = self._sessions.held  # table -> the rest of a paged read
         self._paged: set[str] = set()  # tables whose last read took more than one page
         self._whole_reads: dict[TableInfo, bytes] = {}  # whole_read_query, composed once per table
-        self._listener = NotificationListener(self._open, channel=config.tracking_schema)
+        self._described: dict[str, TableInfo] = {}  # table -> what describe last returned
+        self._listener = NotificationListener(self._sessions.open, channel=config.tracking_schema)
         self._quiet = QuietReads(self._listener)
         self.reads_skipped = 0  # reads answered without a round trip (see pg_listen)
 
-    # -- connections -------------------------------------------------------
+    # -- connections (``pg_sessions``) ------------------------------------------
 
     async def connect(self) -> None:
         """Open the reader; failing here is ``ConnectError`` (exit code 3)."""
-        if self._reader is not None and not self._reader.closed:
-            return
-        try:
-            self._reader = await self._open(reader=True)
-        except (psycopg.Error, OSError) as exc:
-            raise connect_error(exc, self._config.dsn) from None
-        version = self._reader.info.server_version
-        if version < MIN_SERVER_VERSION:
-            await self.close()
-            raise ConnectError(
-                f"PostgreSQL {version // 10000} is not supported: version 13 or later is needed"
-            )
+        await self._sessions.connect()
 
     async def close(self) -> None:
         await self._listener.close()
         self._quiet.clear()
-        self._held.clear()  # held cursors live in the reader's session
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            await reader.close()
-
-    async def _open(self, reader: bool = False) -> Connection:
-        return await _open_session(self._config, reader)
-
-    @asynccontextmanager
-    async def _guard(self, what: str) -> AsyncIterator[None]:
-        """Map driver errors onto cdc.errors, dropping a reader that broke."""
-        try:
-            yield
-        except (psycopg.Error, OSError) as exc:
-            reader = self._reader
-            if isinstance(exc, LINK_ERRORS) and reader is not None and (reader.broken or reader.closed):
-                self._reader = None
-            raise map_error(exc, self._config.dsn, what) from exc
-
-    @asynccontextmanager
-    async def _reading(self, what: str, transaction: bool = True) -> AsyncIterator[Connection]:
-        """The reader, alone, inside a REPEATABLE READ READ ONLY transaction."""
-        async with self._lock, self._guard(what):
-            if self._reader is None or self._reader.closed or self._reader.broken:
-                self._reader = await self._open(reader=True)
-            if not transaction:
-                yield self._reader
-                return
-            async with self._reader.transaction():
-                yield self._reader
-
-    @asynccontextmanager
-    async def _administering(self, what: str) -> AsyncIterator[Connection]:
-        """A short-lived connection inside a read-write transaction."""
-        async with self._guard(what):
-            conn = await self._open()
-            try:
-                async with conn.transaction():
-                    yield conn
-            finally:
-                await conn.close()
+        await self._sessions.drop_reader()
 
     # -- tables --------------------------------------------------------------
 
     async def describe(self, table_config: TableConfig) -> TableInfo:
-        async with self._reading(f"describe {table_config.table}") as conn:
+        """The table as it is now, its fingerprint read first: should it change
+        while the catalog is read, the next ``fingerprints`` differs from it."""
+        async with self._sessions.reading(f"describe {table_config.table}") as conn:
+            fingerprint = (await pg_shape.fingerprints(conn, self._schema, [table_config]))[0]
             found = await pg_catalog.find_table(conn, table_config.schema, table_config.name)
             if found is None:
-                raise await pg_catalog.missing_table(conn, table_config.schema, table_config.name)
-        info = _table_info(table_config, found)
+                renamed = await pg_status.renamed_to(conn, self._schema, table_config.table)
+                raise await pg_catalog.missing_table(conn, table_config.schema, table_config.name, renamed)
+        info = pg_shape.table_info(table_config, found, fingerprint or "")
+        await self._forget_shape(info)
         # what the notify trigger sends; a partitioned table is not notified of its partitions' writes
         self._quiet.watch(table_config.table, None if found.partitioned else found.qualified)
         return info
 
+    async def _forget_shape(self, info: TableInfo) -> None:
+        """A table described again: its queries composed for what it was go, and,
+        when it differs from what it was, the reader with its prepared statements."""
+        before = self._described.get(info.table)
+        self._described[info.table] = info
+        self._whole_reads = {i: q for i, q in self._whole_reads.items() if i.table != info.table or i == info}
+        if before is not None and before != info:
+            async with self._sessions.lock:
+                await self._sessions.drop_reader()
+
     async def fingerprints(self, tables: Sequence[TableConfig]) -> dict[str, str | None]:
-        raise NotImplementedError("issue 12: being written")
+        """Each table's shape now, in one statement (``pg_shape``)."""
+        async with self._sessions.reading("read table fingerprints", transaction=False) as conn:
+            found = await pg_shape.fingerprints(conn, self._schema, tables)
+        return {t.table: fingerprint for t, fingerprint in zip(tables, found, strict=True)}
 
     async def current_version(self) -> int:
-        async with self._reading("read the current version", transaction=False) as conn:
+        async with self._sessions.reading("read the current version", transaction=False) as conn:
             return await pg_reads.read_bound(conn)
 
     # -- changes -------------------------------------------------------------
@@ -190,7 +161,7 @@ class PostgresSource:
             return ChangePage([], quiet_bound)
         start = self._quiet.begin(info.table)
         held = self._held.pop(info.table, None)
-        async with self._reading(f"read changes of {info.table}", transaction=False) as conn:
+        async with self._sessions.reading(f"read changes of {info.table}", False, info.table) as conn:
             if held is not None and held.continues(conn, since, upto, after):
                 page = await held.next_page(info, limit)
             else:
@@ -237,10 +208,11 @@ class PostgresSource:
         """The whole table in one REPEATABLE READ transaction, keyset-paged on
         the primary key; the first page is yielded even when the table is empty,
         so that the caller always learns the version."""
-        async with self._guard(f"snapshot {info.table}"):
-            conn = await self._open(reader=True)
+        async with self._sessions.guard(f"snapshot {info.table}"):
+            conn = await self._sessions.open(reader=True)
         try:
-            async with self._guard(f"snapshot {info.table}"), conn.transaction():
+            async with self._sessions.guard(f"snapshot {info.table}", info.table), conn.transaction():
+                await pg_reads.lock_source(conn, info)
                 version = await pg_reads.snapshot_version(conn, self._schema, info)
                 total = await pg_reads.estimated_rows(conn, info)
                 last: tuple[Any, ...] | None = None
@@ -269,25 +241,28 @@ class PostgresSource:
     async def cleanup(self, retention: float) -> int:
         """Delete tracking entries older than ``retention`` seconds that every reader
         could have read; checkpoints before them expire."""
-        async with self._administering("cleanup") as conn:
+        async with self._sessions.administering("cleanup") as conn:
             return await pg_tracking.cleanup(conn, self._schema, retention)
 
     # -- tracking administration ---------------------------------------------
 
     async def tracking_enable(self, tables: Sequence[TableConfig]) -> list[str]:
-        async with self._administering("enable change tracking") as conn:
+        async with self._sessions.administering("enable change tracking") as conn:
             await pg_tracking.lock_schema(conn, self._schema)
             await pg_tracking.install_schema(conn, self._schema)
             done = []
             for table_config in tables:
                 found = await pg_catalog.find_table(conn, table_config.schema, table_config.name)
                 if found is None:
-                    raise await pg_catalog.missing_table(conn, table_config.schema, table_config.name)
+                    renamed = await pg_status.renamed_to(conn, self._schema, table_config.table)
+                    raise await pg_catalog.missing_table(
+                        conn, table_config.schema, table_config.name, renamed
+                    )
                 done.append(await pg_tracking.enable_table(conn, self._schema, found))
         return done
 
     async def tracking_disable(self, tables: Sequence[TableConfig]) -> list[str]:
-        async with self._administering("disable change tracking") as conn:
+        async with self._sessions.administering("disable change tracking") as conn:
             await pg_tracking.lock_schema(conn, self._schema)
             done = [await pg_tracking.disable_table(conn, self._schema, t.schema, t.name) for t in tables]
             if await pg_tracking.drop_schema_if_unused(conn, self._schema):
@@ -295,51 +270,12 @@ class PostgresSource:
         return done
 
     async def tracking_status(self, tables: Sequence[TableConfig]) -> list[TrackingStatus]:
-        async with self._reading("read tracking status") as conn:
+        async with self._sessions.reading("read tracking status") as conn:
             version = await pg_reads.read_bound(conn)
-            return [await pg_tracking.table_status(conn, self._schema, t, version) for t in tables]
+            return [await pg_status.table_status(conn, self._schema, t, version) for t in tables]
 
     async def doctor(self, tables: Sequence[TableConfig]) -> list[Finding]:
         """What the source can see: tracking installed, triggers in place, privileges,
         and transactions old enough to hold every table's changes back."""
-        async with self._reading("doctor") as conn:
+        async with self._sessions.reading("doctor") as conn:
             return await pg_doctor.doctor(conn, self._schema, tables)
-
-
-def _table_info(table_config: TableConfig, found: CatalogTable) -> TableInfo:
-    """The published columns, primary key first, each checked for a JSON mapping."""
-    if not found.primary_key:
-        raise SchemaError(f"{table_config.table}: the table has no primary key; cdc-sync needs one")
-    wanted = (
-        list(table_config.columns) if table_config.columns is not None else [c.name for c in found.columns]
-    )
-    names = [*found.primary_key, *(c for c in wanted if c not in found.primary_key)]
-    columns = []
-    for name in names:
-        column = found.column(name)
-        if column is None:
-            known = ", ".join(c.name for c in found.columns)
-            raise SchemaError(f"{table_config.table}: no column {name!r} (the table has: {known})")
-        check_supported(table_config.table, column)
-        columns.append(Column(name, column.type_name, not column.not_null))
-    return TableInfo(table_config.table, found.schema, found.name, found.primary_key, tuple(columns))
-
-
-async def _open_session(config: SourceConfig, reader: bool) -> Connection:
-    """A new autocommit connection with the session settings; a reader's
-    transactions are REPEATABLE READ, READ ONLY."""
-    conn = await psycopg.AsyncConnection.connect(
-        config.dsn,
-        autocommit=True,
-        connect_timeout=max(1, round(config.connect_timeout)),
-        fallback_application_name="cdc-sync",
-    )
-    try:
-        await prepare_session(conn, config.query_timeout)
-        if reader:
-            await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
-            await conn.set_read_only(True)
-    except BaseException:
-        await conn.close()
-        raise
-    return conn

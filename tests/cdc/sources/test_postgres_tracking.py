@@ -553,7 +553,7 @@ async def test_a_lost_reader_is_source_unavailable_then_reconnects(pg: PostgresH
 
 
 async def terminate_reader(pg: PostgresHarness) -> None:
-    reader = pg.pg_source._reader
+    reader = pg.pg_source._sessions.reader
     assert reader is not None
     await pg.admin.execute("select pg_terminate_backend(%s)", [reader.info.backend_pid])
 
