@@ -138,8 +138,7 @@ class MemorySource(MemoryDatabase):
         return ChangePage(page, bound, more, _order(page[-1]) if more else None)
 
     def _readable(self, info: TableInfo, since: int) -> Table:
-        self._check_available()
-        t = self.table(info.table)
+        t = self._described(info)
         if not t.tracked:
             raise TrackingNotEnabled(f"{info.table}: change tracking is not enabled")
         if since < t.min_valid_version:
@@ -148,6 +147,20 @@ class MemorySource(MemoryDatabase):
             )
         if since > self._version:
             raise TrackingExpired(info.table, f"the source version {self._version} is below {since}")
+        return t
+
+    def _described(self, info: TableInfo) -> Table:
+        """The table ``info`` describes; SchemaError when it is another table
+        object now, or lacks a column ``info`` publishes (as a database's
+        query over the old columns would fail)."""
+        self._check_available()
+        t = self.table(info.table)
+        gone = [c for c in info.column_names if c not in t.columns]
+        if str(t.identity) != info.identity or gone:
+            why = f"column {gone[0]!r} does not exist" if gone else "it was dropped and created again"
+            raise SchemaError(
+                f"{info.table}: the table changed while it was read ({why}): describing it again"
+            )
         return t
 
     def _net_changes(self, t: Table, info: TableInfo, since: int, bound: int) -> list[ChangeRow]:
@@ -163,8 +176,7 @@ class MemorySource(MemoryDatabase):
 
     async def snapshot(self, info: TableInfo, *, page_size: int) -> AsyncIterator[SnapshotPage]:
         """The rows as they are now (copied at once: one consistent view), paged by key."""
-        self._check_available()
-        t = self.table(info.table)
+        t = self._described(info)
         version = self._version
         rows = [_published(info, r) for _, r in sorted(t.rows.items())]
         for start in range(0, max(1, len(rows)), page_size):

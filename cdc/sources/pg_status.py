@@ -4,10 +4,12 @@
 A table is followed only while its registry entry exists and both its
 capture and truncate triggers fire for every session (``ENABLE ALWAYS``):
 without the capture trigger no change is recorded, without the truncate
-trigger a TRUNCATE goes unnoticed. Either one missing or disabled means
-changes are not captured at all (``min_valid_version`` None); any other
-state (enabled for origin or replica sessions only, the notify trigger gone)
-is impaired, and said so.
+trigger a TRUNCATE goes unnoticed. Either one missing, disabled, or enabled
+for replica sessions only (``ENABLE REPLICA`` fires only for changes that
+logical replication applies: the applications' own writes go unrecorded)
+means changes are not captured (``min_valid_version`` None); any other state
+(enabled for origin sessions only, the notify trigger gone) is impaired, and
+said so.
 """
 
 from __future__ import annotations
@@ -17,7 +19,14 @@ from psycopg import sql
 from cdc.config import TableConfig
 from cdc.sources.base import TrackingStatus
 from cdc.sources.pg_catalog import Connection, find_table
-from cdc.sources.pg_tracking import installed, net_table_fits, registry_entry, trigger_names, trigger_states
+from cdc.sources.pg_tracking import (
+    UNCAPTURED,
+    installed,
+    net_table_fits,
+    registry_entry,
+    trigger_names,
+    trigger_states,
+)
 
 
 async def table_status(
@@ -35,7 +44,7 @@ async def table_status(
         return TrackingStatus(table_config.table, False, current_version=version, detail=detail)
     triggers = await trigger_states(conn, schema, found.oid)
     capture, truncate, _ = trigger_names(schema)
-    lost = [n for n in (capture, truncate) if triggers[n] in ("", "D")]
+    lost = [n for n in (capture, truncate) if triggers[n] in UNCAPTURED]
     problem = f"{_trigger_state(lost[0], triggers[lost[0]])}: changes are not captured" if lost else ""
     if not problem and not await net_table_fits(conn, schema, entry.net_table, found):
         problem = (

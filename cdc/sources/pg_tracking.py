@@ -39,6 +39,10 @@ from cdc.sources.pg_catalog import CatalogTable, Connection, find_table
 
 # Columns of a net table besides the primary key: a source key column cannot share a name.
 META_COLUMNS = ("op", "version", "creation_version", "column_versions", "changed_at")
+# pg_trigger.tgenabled of a trigger that does not fire for the applications'
+# own writes: missing, disabled, or ENABLE REPLICA (fires only for what
+# logical replication applies).
+UNCAPTURED = ("", "D", "R")
 _MAX_NAME = 63  # PostgreSQL's NAMEDATALEN - 1, in bytes
 
 
@@ -333,7 +337,7 @@ async def _changes_missed(conn: Connection, schema: str, table: CatalogTable) ->
     may have gone unrecorded, so no checkpoint can be trusted any more."""
     capture, truncate, _ = trigger_names(schema)
     states = await trigger_states(conn, schema, table.oid)
-    return states[capture] in ("", "D") or states[truncate] in ("", "D")
+    return states[capture] in UNCAPTURED or states[truncate] in UNCAPTURED
 
 
 async def _release_old_table(conn: Connection, schema: str, old_oid: int) -> str:

@@ -186,15 +186,7 @@ async def test_describe_follows_added_dropped_and_renamed_columns(harness: Sourc
     ]
 
 
-async def test_old_info_reads_fail_with_schema_error_and_the_new_info_reads(
-    harness: SourceHarness, request: pytest.FixtureRequest
-) -> None:
-    if harness.kind == "memory":  # cdc/sources/memory.py (the lead's): _published looks the column up
-        request.applymarker(
-            pytest.mark.xfail(
-                raises=KeyError, strict=True, reason="MemorySource raises KeyError, not SchemaError"
-            )
-        )
+async def test_old_info_reads_fail_with_schema_error_and_the_new_info_reads(harness: SourceHarness) -> None:
     table_config, info = await items(harness)
     replica = await Replica.from_snapshot(harness.source, info)
 
