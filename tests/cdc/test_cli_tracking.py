@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -162,9 +163,12 @@ async def test_a_lease_whose_holder_has_no_heartbeat_does_not_block_disable(
         await client.pexpire(Layout(namespace).worker("alive-sidecar"), 60_000)
         refused = cdc("tracking", "disable", "-c", str(config), "--table", items)
         assert refused.returncode == 1
-        assert (
-            f"{items} is streamed by sidecar alive-sidecar (state streaming, heartbeat 3." in refused.stderr
+        said = re.search(
+            rf"{re.escape(items)} is streamed by sidecar alive-sidecar \(state streaming, heartbeat ([0-9.]+)s ago\)",
+            refused.stderr,
         )
+        assert said is not None, refused.stderr
+        assert 3 <= float(said[1]) < 60  # written 3 s before the command started
 
         await client.delete(Layout(namespace).worker("alive-sidecar"))  # it died; its lease lingers
         assert await client.get(Layout(namespace).lease(items)) == b"alive-sidecar"
