@@ -82,12 +82,25 @@ def validate(config_path: str) -> None:
 @cli.command()
 @click.argument("action", type=click.Choice(["enable", "disable", "status"]))
 @config_option
+@click.option("--table", "table", default=None, help="schema.table as in the config; default: every table.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="disable: even while a live sidecar streams the table (it then reports the table degraded), "
+    "or when Redis cannot be reached to tell.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def tracking(action: str, config_path: str, as_json: bool) -> None:
-    """Set up (enable), remove (disable) or show (status) change tracking on the source."""
+def tracking(action: str, config_path: str, table: str | None, force: bool, as_json: bool) -> None:
+    """Set up (enable), remove (disable) or show (status) change tracking on the source.
+
+    disable refuses (exit 1) while a live sidecar streams the table, naming
+    it, and (exit 3) when Redis cannot be reached to tell; --force overrides."""
     from cdc.commands import tracking as do_tracking
 
-    sys.exit(_run(do_tracking(_load(config_path), action, as_json=as_json)))
+    if force and action != "disable":
+        raise click.UsageError(f"--force is for disable only, not {action}")
+    config = _load(config_path)
+    sys.exit(_run(do_tracking(config, action, table=table, force=force, as_json=as_json)))
 
 
 @cli.command()
@@ -104,7 +117,8 @@ def snapshot(config_path: str, table: str | None) -> None:
 @config_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def status(config_path: str, as_json: bool) -> None:
-    """Per table: checkpoint, source version, lag, state; and the workers' heartbeats."""
+    """Per table: checkpoint, source version, lag, state, the sidecar that owns it
+    and that sidecar's view (worker state, error); and the workers' heartbeats."""
     from cdc.commands import status as do_status
 
     sys.exit(_run(do_status(_load(config_path), as_json=as_json)))

@@ -9,18 +9,22 @@ import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from cdc.config import Config
 from cdc.daemon import Daemon
-from cdc.errors import CdcError, ConfigError, TransientError
+from cdc.errors import CdcError, ConfigError, ConnectError, TransientError
 from cdc.pipeline import Pipeline
 from cdc.sources import make_source
 from cdc.sources.base import ChangeSource, Finding
 from publishers import control
 from publishers.manager import DataManager
+from publishers.redaction import mask_passwords
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 # The cyclic garbage collector's thresholds for the sidecar. Every change is a
 # few short-lived containers (rows, dicts, tuples), none of them cyclic, while
@@ -98,15 +102,28 @@ async def validate(config: Config) -> int:
 # -- tracking ------------------------------------------------------------------
 
 
-async def tracking(config: Config, action: str, *, as_json: bool = False) -> int:
+async def tracking(
+    config: Config,
+    action: str,
+    *,
+    table: str | None = None,
+    force: bool = False,
+    as_json: bool = False,
+) -> int:
+    """Enable, disable or show the change tracking of ``table`` (every table
+    when None). ``disable`` first makes sure that no live sidecar streams the
+    tables (``_refuse_while_streamed``) unless ``force``."""
+    chosen = [config.table(table)] if table else list(config.tables)
+    if action == "disable":
+        await _refuse_while_streamed(config, [t.table for t in chosen], force=force)
     async with connected(config, redis=False) as (source, _):
         if action == "enable":
-            for line in await source.tracking_enable(config.tables):
+            for line in await source.tracking_enable(chosen):
                 _print(line)
         elif action == "disable":
-            for line in await source.tracking_disable(config.tables):
+            for line in await source.tracking_disable(chosen):
                 _print(line)
-        statuses = await source.tracking_status(config.tables)
+        statuses = await source.tracking_status(chosen)
     if as_json:
         _print(orjson.dumps([s.__dict__ for s in statuses]).decode())
     elif action == "status":
@@ -116,6 +133,61 @@ async def tracking(config: Config, action: str, *, as_json: bool = False) -> int
                 f"{state} {s.table}  min_valid={s.min_valid_version}  current={s.current_version}  {s.detail}"
             )
     return 0 if all(s.enabled for s in statuses) or action == "disable" else 1
+
+
+async def _refuse_while_streamed(config: Config, tables: list[str], *, force: bool) -> None:
+    """Disabling the tracking of a table that a live sidecar streams stops the
+    table on that sidecar (it cannot read its changes any more): refuse,
+    naming who streams it, unless ``force``. A table's lease held by a worker
+    without a heartbeat does not count: that worker is gone, and its lease
+    runs out by itself.
+
+    Refused: ``CdcError`` (exit 1; the command and the config are right, the
+    sidecar's state stops it, as when ``cdc snapshot`` finds a table owned).
+    Redis unreachable: ``ConnectError`` (exit 3), as nobody can tell then."""
+    names = ", ".join(tables)
+    try:
+        manager = await DataManager.connect(config.redis)
+        try:
+            owned = await control.ownership(manager, tables)
+        finally:
+            await manager.close()
+    except (ConnectError, TransientError) as exc:
+        why = f"cannot tell whether a sidecar streams {names}: {exc}"
+        if not force:
+            raise ConnectError(
+                f"{why}. Refusing to disable tracking: a sidecar streaming a table whose "
+                "tracking is removed under it stops mirroring it. Make Redis reachable, or pass --force."
+            ) from None
+        _warn(f"{why}; disabling anyway (--force)")
+        return
+    streamed = {table: o for table, o in owned.items() if o.alive}
+    if not streamed:
+        return
+    if not force:
+        raise CdcError(
+            "refusing to disable change tracking: "
+            + "; ".join(_streamed_by(table, o) for table, o in streamed.items())
+            + ". A sidecar stops mirroring a table whose tracking is removed under it. Stop the "
+            "sidecar (or remove the table from its config) first, or pass --force."
+        )
+    for table, o in streamed.items():
+        _warn(
+            f"{_streamed_by(table, o)}; disabling its tracking anyway (--force): that sidecar "
+            "reports the table degraded until tracking is enabled again"
+        )
+
+
+def _streamed_by(table: str, ownership: control.Ownership) -> str:
+    seen = [] if ownership.state is None else [f"state {ownership.state}"]
+    if ownership.seen_ago is not None:
+        seen.append(f"heartbeat {ownership.seen_ago:.1f}s ago")
+    return f"{table} is streamed by sidecar {ownership.owner}" + (f" ({', '.join(seen)})" if seen else "")
+
+
+def _warn(message: str) -> None:
+    sys.stderr.write(f"warning: {mask_passwords(message)}\n")
+    sys.stderr.flush()
 
 
 # -- snapshot ------------------------------------------------------------------
@@ -191,18 +263,26 @@ async def _snapshot_here(config: Config, tables: list[str]) -> None:
 
 # -- status --------------------------------------------------------------------
 
+# How much of a degraded table's error the table view shows (``--json`` has it whole).
+ERROR_SHOWN = 200
+
 
 async def status(config: Config, *, as_json: bool = False) -> int:
+    """Per table: the checkpoint in Redis (``state`` is the checkpoint's), the
+    source's version, and the live view of the sidecar holding its lease:
+    ``owner``, ``worker_state`` and ``error`` from that sidecar's heartbeat."""
     async with connected(config) as (source, manager):
         assert manager is not None
         try:
             current: int | None = await source.current_version()
         except TransientError:
             current = None
+        owned = await control.ownership(manager, [t.table for t in config.tables])
         rows = []
         for table_config in config.tables:
             checkpoint = await manager.get_checkpoint(table_config.table)
             version = checkpoint.version if checkpoint else None
+            ownership = owned.get(table_config.table)
             rows.append(
                 {
                     "table": table_config.table,
@@ -212,6 +292,9 @@ async def status(config: Config, *, as_json: bool = False) -> int:
                     "lag_versions": None if version is None or current is None else max(0, current - version),
                     "updated_at": checkpoint.updated_at if checkpoint else None,
                     "snapshot": await control.snapshot_progress(manager, table_config.table),
+                    "owner": ownership.owner if ownership else None,
+                    "worker_state": ownership.state if ownership else None,
+                    "error": mask_passwords(ownership.error) if ownership and ownership.error else None,
                 }
             )
         workers = await control.workers(manager)
@@ -222,14 +305,33 @@ async def status(config: Config, *, as_json: bool = False) -> int:
     return 0
 
 
+def short_error(error: str, limit: int = ERROR_SHOWN) -> str:
+    """The first line of ``error`` (a driver's later lines repeat the statement
+    or point into it), at most ``limit`` characters."""
+    first = next((line.strip() for line in error.splitlines() if line.strip()), "")
+    return first if len(first) <= limit else first[: limit - 1].rstrip() + "…"
+
+
 def _print_status(rows: list[dict[str, Any]], workers: list[dict[str, str]]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
+    console.print(_tables_view(rows))
+    if any(row["error"] for row in rows):
+        console.print(_errors_view(rows))
+    console.print(_workers_view(workers))
+
+
+def _tables_view(rows: list[dict[str, Any]]) -> Table:
+    """One line per table; a degraded one in red (its error in ``_errors_view``)."""
+    from rich.table import Table
+
     table = Table(title="tables")
-    for column in ("table", "state", "checkpoint", "source", "lag (versions)", "updated", "snapshot"):
+    columns = ("table", "state", "checkpoint", "source", "lag (versions)", "updated", "snapshot")
+    for column in columns:
         table.add_column(column)
+    for column in ("owner", "worker state"):
+        table.add_column(column, overflow="fold")  # a worker id cut short names nobody
     for row in rows:
         snap = row["snapshot"] or {}
         progress = f"{snap.get('rows', '')}/{snap.get('total', '?')}" if snap else ""
@@ -241,20 +343,42 @@ def _print_status(rows: list[dict[str, Any]], workers: list[dict[str, str]]) -> 
             str(row["lag_versions"]),
             str(row["updated_at"] or ""),
             progress,
+            row["owner"] or "",
+            row["worker_state"] or "",
+            style="bold red" if row["error"] or row["worker_state"] == "degraded" else None,
         )
-    console.print(table)
-    wtable = Table(title="workers")
+    return table
+
+
+def _errors_view(rows: list[dict[str, Any]]) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title="degraded tables (cdc status --json has each error whole)", style="red")
+    for column in ("table", "owner", "error"):
+        table.add_column(column)
+    for row in rows:
+        if row["error"]:
+            # Text, not a markup string: an error may hold "[...]" (tables[0], a type)
+            table.add_row(row["table"], row["owner"] or "", Text(short_error(row["error"])))
+    return table
+
+
+def _workers_view(workers: list[dict[str, str]]) -> Table:
+    from rich.table import Table
+
+    table = Table(title="workers")
     for column in ("worker", "tables", "applied", "queue", "heartbeat age (s)"):
-        wtable.add_column(column)
+        table.add_column(column)
     for worker in workers:
-        wtable.add_row(
+        table.add_row(
             worker.get("id", ""),
             worker.get("tables", ""),
             worker.get("applied", ""),
             worker.get("queue_depth", ""),
             worker.get("age", ""),
         )
-    console.print(wtable)
+    return table
 
 
 # -- subscribe -----------------------------------------------------------------

@@ -6,6 +6,10 @@ Checkpoint hash fields besides DESIGN.md's ``version``/``updated_at``/``state``:
 ``snapshot_requested`` (set by ``cdc snapshot`` for the owning sidecar to act
 on), ``snapshot_rows`` and ``snapshot_total`` (progress of a running snapshot).
 
+Heartbeat fields read here (``ns:@worker:id``, written whole by the sidecar):
+``heartbeat_at`` (its clock, seconds), ``tables``, and per table it runs
+``state:<table>`` and, while the table is degraded, ``error:<table>``.
+
 Every function maps redis-py errors onto ``publishers.errors`` (``RedisUnavailable``
 for what may pass), like the data manager: the daemon calls them from loops
 that retry ``TransientError`` and must not die of a raw ``ConnectionError``
@@ -19,6 +23,7 @@ import functools
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from publishers import redis_calls, scripts
@@ -120,12 +125,70 @@ async def worker_alive(manager: DataManager, worker_id: str) -> bool:
 @_translated
 async def table_owners(manager: DataManager, tables: list[str]) -> dict[str, str]:
     """table -> id of the sidecar holding its lease (tables nobody holds are absent)."""
-    owners: dict[str, str] = {}
+    holders = zip(tables, await _lease_holders(manager, tables), strict=True)
+    return {table: holder for table, holder in holders if holder is not None}
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Who holds a table's lease, and what that holder's heartbeat says of the
+    table. ``alive`` is False when the holder has no heartbeat: a sidecar that
+    died (its lease runs out soon) or a holder that is not a sidecar (``cdc
+    snapshot``); ``state``, ``error`` and ``seen_ago`` are None then."""
+
+    owner: str
+    alive: bool
+    seen_ago: float | None = None  # seconds since the holder's last heartbeat
+    state: str | None = None  # the heartbeat's ``state:<table>``
+    error: str | None = None  # the heartbeat's ``error:<table>`` (set while degraded)
+
+
+@_translated
+async def ownership(manager: DataManager, tables: Sequence[str]) -> dict[str, Ownership]:
+    """table -> its lease holder and that holder's view of it (tables nobody
+    holds are absent); two round trips whatever the number of tables."""
+    holders = dict(zip(tables, await _lease_holders(manager, tables), strict=True))
+    heartbeats = await _heartbeats(manager, sorted({h for h in holders.values() if h is not None}))
+    out = {}
+    for table, holder in holders.items():
+        if holder is None:
+            continue
+        fields = heartbeats.get(holder, {})
+        if not fields:
+            out[table] = Ownership(holder, alive=False)
+            continue
+        beat = fields.get("heartbeat_at")
+        out[table] = Ownership(
+            holder,
+            alive=True,
+            seen_ago=max(0.0, time.time() - float(beat)) if beat else None,
+            state=fields.get(f"state:{table}"),
+            error=fields.get(f"error:{table}") or None,
+        )
+    return out
+
+
+async def _lease_holders(manager: DataManager, tables: Sequence[str]) -> list[str | None]:
+    if not tables:
+        return []
+    pipe = manager.client.pipeline(transaction=False)
     for table in tables:
-        holder = await manager.client.get(manager.layout.lease(table))
-        if holder is not None:
-            owners[table] = redis_calls.text(holder)
-    return owners
+        pipe.get(manager.layout.lease(table))
+    return [None if holder is None else redis_calls.text(holder) for holder in await pipe.execute()]
+
+
+async def _heartbeats(manager: DataManager, worker_ids: Sequence[str]) -> dict[str, dict[str, str]]:
+    """worker id -> its heartbeat's fields (empty: no heartbeat)."""
+    if not worker_ids:
+        return {}
+    pipe = manager.client.pipeline(transaction=False)
+    for worker_id in worker_ids:
+        pipe.hgetall(manager.layout.worker(worker_id))
+    replies = await pipe.execute()
+    return {
+        worker_id: {redis_calls.text(k): redis_calls.text(v) for k, v in heartbeat.items()}
+        for worker_id, heartbeat in zip(worker_ids, replies, strict=True)
+    }
 
 
 @_translated
