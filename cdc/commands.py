@@ -78,7 +78,7 @@ def _print(line: str) -> None:
 
 async def validate(config: Config) -> int:
     """The file already parsed; now the connections, the tables, their tracking."""
-    from cdc.mapping import TableMapper
+    from cdc.describer import Describer
 
     worst = 0
     async with connected(config) as (source, _):
@@ -86,14 +86,21 @@ async def validate(config: Config) -> int:
             f"ok    {config.path}: {len(config.tables)} table(s), source {config.source.kind}, Redis reachable"
         )
         for table_config in config.tables:
+            describer = Describer(table_config, source, config.worker.max_row_bytes)
             try:
-                info = await source.describe(table_config)
-                TableMapper(table_config, info, config.worker.max_row_bytes)
-                await source.read_changes(info, await source.current_version(), limit=1)
+                await describer.describe()  # the table, the config's templates and columns, its tracking
+                assert describer.info is not None
+                await source.read_changes(describer.info, await source.current_version(), limit=1)
             except CdcError as exc:
                 worst = max(worst, exc.exit_code)
                 _print(f"error {table_config.table} ({config.path}:{table_config.line}): {exc}")
                 continue
+            info = describer.info
+            if info.left_out:
+                left_out = ", ".join(info.left_out)
+                _print(
+                    f"warn  {table_config.table}: left out of the documents (names starting with @ are reserved): {left_out}"
+                )
             key = ", ".join(info.primary_key)
             _print(f"ok    {table_config.table}: key ({key}), {len(info.columns)} column(s), tracking on")
     return worst

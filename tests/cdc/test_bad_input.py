@@ -184,6 +184,39 @@ async def test_an_unsupported_column_type(
     assert await no_keys(redis_url, namespace)
 
 
+async def test_a_reserved_column_name_is_left_out_with_a_warning(
+    postgres_dsn: str, redis_url: str, namespace: str, pg_schema: str, tmp_path: Path
+) -> None:
+    """A column named ``@flag`` (documents keep their own fields under @...)
+    is left out, said by ``cdc validate``; the table's changes then flow,
+    without it, and nothing goes to the dead letter."""
+    await sql(postgres_dsn, f'create table {pg_schema}.flags (id int primary key, "@flag" bool, n int)')
+    path = tmp_path / "t.yaml"
+    path.write_text(
+        config_text(postgres_dsn, redis_url, namespace, pg_schema, f"  - table: {pg_schema}.flags\n")
+    )
+    assert cdc("tracking", "enable", "-c", str(path)).returncode == 0
+    await sql(postgres_dsn, f"insert into {pg_schema}.flags values (1, true, 10)")
+
+    checked = cdc("validate", "-c", str(path))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert (
+        f"warn  {pg_schema}.flags: left out of the documents" in checked.stdout and "@flag" in checked.stdout
+    )
+
+    ran = cdc("run", "--once", "-c", str(path))
+    assert ran.returncode == 0, ran.stderr
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        layout = Layout(namespace)
+        partition = (await client.smembers(layout.partitions("flags"))).pop().decode()
+        document = await client.hgetall(layout.document(partition, "flags", "1"))
+        assert document[b"n"] == b"10" and b"@flag" not in document
+        assert await client.xlen(layout.deadletter()) == 0
+    finally:
+        await client.aclose()
+
+
 # -- values that cannot be mirrored: the dead letter, and the rest flows -------------------
 
 ODD_DDL = "create table {s}.odd (id int primary key, d float8, note text, blob bytea)"

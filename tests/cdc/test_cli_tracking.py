@@ -125,6 +125,15 @@ async def test_disable_is_refused_while_a_live_sidecar_streams_the_table(
         assert forced.returncode == 0, forced.stderr
         assert f"warning: {items} is streamed by sidecar {worker}" in forced.stderr
         assert tracking_enabled(config) == {items: False, lines: True}
+
+        async def degraded() -> bool:  # the sidecar notices (its shape check), and says so
+            shown = status_tables(config)
+            return shown[items]["worker_state"] == "degraded" and "not enabled" in (
+                shown[items]["error"] or ""
+            )
+
+        await wait_for(degraded, 30, f"cdc status to show {items} degraded")
+        assert status_tables(config)[lines]["worker_state"] == "streaming" and sidecar.proc.poll() is None
     finally:
         await sidecar.stop()
         await client.aclose()
