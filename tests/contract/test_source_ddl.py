@@ -25,9 +25,19 @@ from psycopg import sql
 
 from cdc.config import TableConfig
 from cdc.errors import SchemaError
+from cdc.sources import mssql_sql
 from cdc.sources.base import TableInfo
 
-from .harness import HARNESSES, MemoryHarness, PostgresHarness, Replica, SourceHarness, make_table_config
+from .harness import (
+    HARNESSES,
+    MemoryHarness,
+    MssqlHarness,
+    PostgresHarness,
+    Replica,
+    SourceHarness,
+    _tsql_name,
+    make_table_config,
+)
 
 ITEMS = {"id": "int", "n": "int", "note": "text"}
 
@@ -113,15 +123,54 @@ class MemoryDdl(Ddl):
         self.memory.rename_table(table_config.table, f"{table_config.schema}.{new_name}")
 
 
+class MssqlDdl(Ddl):
+    """T-SQL: ``ADD ... DEFAULT ... WITH VALUES`` fills the existing rows (as
+    PostgreSQL's ``ADD COLUMN ... DEFAULT`` does; without ``WITH VALUES`` a
+    nullable column's rows stay NULL), renames go through ``sp_rename``,
+    whose object names are bracket-quoted inside a string literal."""
+
+    def __init__(self, harness: MssqlHarness) -> None:
+        self.admin = harness.admin
+
+    @staticmethod
+    def _literal(text: str) -> str:
+        return "N'" + text.replace("'", "''") + "'"
+
+    async def add_column(self, table_config: TableConfig, column: str, default: int | None) -> None:
+        fill = "" if default is None else f" DEFAULT {int(default)} WITH VALUES"
+        await self.admin.execute(
+            f"ALTER TABLE {_tsql_name(table_config)} ADD {mssql_sql.quote(column)} int NULL{fill}"
+        )
+
+    async def drop_column(self, table_config: TableConfig, column: str) -> None:
+        await self.admin.execute(
+            f"ALTER TABLE {_tsql_name(table_config)} DROP COLUMN {mssql_sql.quote(column)}"
+        )
+
+    async def rename_column(self, table_config: TableConfig, column: str, new_name: str) -> None:
+        old = self._literal(f"{_tsql_name(table_config)}.{mssql_sql.quote(column)}")
+        await self.admin.execute(f"EXEC sp_rename {old}, {self._literal(new_name)}, N'COLUMN'")
+
+    async def drop_table(self, table_config: TableConfig) -> None:
+        await self.admin.execute(f"DROP TABLE {_tsql_name(table_config)}")
+
+    async def rename_table(self, table_config: TableConfig, new_name: str) -> None:
+        await self.admin.execute(
+            f"EXEC sp_rename {self._literal(_tsql_name(table_config))}, {self._literal(new_name)}"
+        )
+
+
 def _ddl(harness: SourceHarness) -> Ddl:
     if isinstance(harness, PostgresHarness):
         return PostgresDdl(harness)
+    if isinstance(harness, MssqlHarness):
+        return MssqlDdl(harness)
     assert isinstance(harness, MemoryHarness)
     return MemoryDdl(harness)
 
 
-# kind -> whether the contract's DDL steps run there (SQL Server: add a Ddl above)
-DDL = ("memory", "postgres")
+# kind -> whether the contract's DDL steps run there
+DDL = ("memory", "mssql", "postgres")
 
 
 @pytest.fixture(params=[kind for kind in sorted(HARNESSES) if kind in DDL])
