@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 import psycopg
 import pytest
 import redis.asyncio as aioredis
+from psycopg.conninfo import make_conninfo
 
 from cdc.config import Config
 from cdc.daemon import Daemon
@@ -207,3 +208,38 @@ async def test_every_ddl_step_under_load_ends_with_documents_equal_to_rows(
     # seconds from each step's DDL (writers running) to documents equal to rows
     # (writers paused meanwhile): `pytest -s` shows them
     print("\n".join(f"{seconds:6.1f} s  {step}" for step, seconds in run.timings.items()))
+
+
+@pytest.mark.timeout(300)
+async def test_a_revoked_permission_degrades_the_table_until_granted_again(
+    postgres_dsn: str, redis_url: str, pg_schema: str, namespace: str, redis_client: aioredis.Redis
+) -> None:
+    """The sidecar runs as a role with only what it needs to read; revoking its
+    SELECT on one table degrades that table alone, naming the permission, and
+    granting it back recovers it, with what was written meanwhile."""
+    role = f"cdc_reader_{namespace}"
+    admin = make_config(pg_schema, postgres_dsn, redis_url, namespace)
+    await create_tables(postgres_dsn, pg_schema)
+    await enable_tracking(admin)
+    grants = [
+        f"create role {role} login",
+        f"grant usage on schema {{s}}, {{s}}_trk to {role}",
+        f"grant select on all tables in schema {{s}}, {{s}}_trk to {role}",
+    ]
+    reader = make_config(pg_schema, make_conninfo(postgres_dsn, user=role), redis_url, namespace)
+    run = Run(postgres_dsn, pg_schema, reader, redis_client, namespace)
+    for statement in grants:
+        await run.sql(statement)
+    try:
+        await run.start()
+        await run.sql(f"revoke select on {{s}}.items from {role}")
+        await run.degraded("SELECT revoked", "permission denied")
+        await run.sql(f"grant select on {{s}}.items to {role}")
+        await run.under_load()
+        await run.settled("SELECT granted again")
+        await run.stop_writers()
+        await run.settled("the writers' last transactions")
+    finally:
+        await run.stop()
+        await run.sql(f"drop owned by {role}")
+        await run.sql(f"drop role {role}")
