@@ -20,6 +20,8 @@ every ``SHAPE_CHECK_INTERVAL``), or a step failed. Each description
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 
 from cdc.config import TableConfig
@@ -27,6 +29,8 @@ from cdc.errors import ConfigError, MissingColumn, TrackingNotEnabled
 from cdc.mapping import TableMapper
 from cdc.shapes import shape_change
 from cdc.sources.base import ChangeSource, TableInfo
+from publishers import control
+from publishers.manager import DataManager
 
 log = logging.getLogger("cdc.tracker")
 
@@ -61,6 +65,43 @@ class Describer:
         elif self.uncaptured:
             reason = "change tracking was off: changes may have gone uncaptured"
         self.uncaptured = False
+        return reason
+
+    @property
+    def shape(self) -> str:
+        """What the documents' shape depends on, as one text: the table's
+        definition at the source (fingerprint, identity, published columns
+        and their types, key) and the config's section and templates. Stored
+        with the checkpoint (``shape``) once the documents are written in it,
+        so a change made while no sidecar followed the table (DDL during a
+        deploy, ``columns:`` narrowed between runs) is noticed at start-up."""
+        info = self.info
+        assert info is not None
+        config = self.table_config
+        parts = [
+            info.fingerprint,
+            info.identity,
+            [(c.name, c.type_name) for c in info.columns],
+            info.primary_key,
+            config.section,
+            config.partition.source,
+            None if config.key is None else config.key.source,
+        ]
+        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+    async def stored_shape_differs(self, manager: DataManager, has_documents: bool) -> str | None:
+        """Why the documents need a snapshot because they were written in
+        another shape than the table has now (it changed while no sidecar
+        followed it, or the config's columns did); None when they were not.
+        A shape not recorded yet (documents of an older cdc-sync) is recorded."""
+        stored = await control.table_shape(manager, self.table)
+        if not has_documents or stored == self.shape:
+            return None
+        if stored is None:
+            await control.set_table_shape(manager, self.table, self.shape)
+            return None
+        reason = "the table or its config changed since its documents were written"
+        log.warning(f"{reason}: snapshotting it again", extra={"table": self.table})
         return reason
 
     def stale(self, fingerprint: str | None) -> bool:

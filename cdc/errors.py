@@ -16,6 +16,7 @@ as the very same classes::
     │   ├── TrackingNotEnabled     2  tracking is off for a table (or NULL min version)
     │   ├── TrackingExpired           the checkpoint is no longer valid: re-snapshot
     │   └── SchemaError            2  no primary key, unknown column, changed schema
+    │       ├── TableChanged       2  the table changed under a read: describe it again
     │       ├── MissingColumn      2  a column the config's ``columns:`` names is not there
     │       └── UnsupportedType    2  a column type with no JSON mapping
     ├── PoisonChange *             1  one change cannot be applied: dead letter it
@@ -49,6 +50,7 @@ __all__ = [
     "SchemaError",
     "SourceError",
     "SourceUnavailable",
+    "TableChanged",
     "TrackingExpired",
     "TrackingNotEnabled",
     "TransientError",
@@ -93,6 +95,12 @@ class SchemaError(SourceError):
     config and the database disagree: exit code 2."""
 
     exit_code = 2
+
+
+class TableChanged(SchemaError):
+    """The table changed under a read (a column dropped, renamed or retyped,
+    the table dropped or created again): expected after DDL, and fixed by
+    describing the table again, which the tracker does at once."""
 
 
 class MissingColumn(SchemaError):

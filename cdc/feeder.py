@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from cdc.batching import AutoBatchWorker, Ticket
+from cdc.describer import Describer
 from cdc.errors import PoisonChange
 from cdc.mapping import TableMapper
 from cdc.metrics import Metrics
@@ -36,18 +37,22 @@ class RowFeeder:
     a row that cannot be encoded goes to the dead letter instead."""
 
     def __init__(
-        self,
-        info: TableInfo,
-        mapper: TableMapper,
-        *,
-        worker: AutoBatchWorker,
-        manager: DataManager,
-        metrics: Metrics,
+        self, describer: Describer, *, worker: AutoBatchWorker, manager: DataManager, metrics: Metrics
     ) -> None:
-        self.info, self.mapper = info, mapper
+        self.describer = describer  # the table as last described: its columns and mapper
         self.worker, self.manager = worker, manager
-        self._dead_lettered = metrics.dead_lettered.labels(info.table)
+        self._dead_lettered = metrics.dead_lettered.labels(describer.table)
         self._slice = max(MIN_SLICE, min(SLICE, worker.max_batch_size // 2))
+
+    @property
+    def info(self) -> TableInfo:
+        assert self.describer.info is not None, "describe the table first"
+        return self.describer.info
+
+    @property
+    def mapper(self) -> TableMapper:
+        assert self.describer.mapper is not None, "describe the table first"
+        return self.describer.mapper
 
     async def changes(self, rows: list[ChangeRow], ticket: Ticket) -> None:
         await self._queue(rows, ticket, self.mapper.from_row, lambda row: (row.key, row.op, row.version))

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Literal, get_args
 
-from cdc.errors import CdcError, TransientError
+from cdc.errors import CdcError, TableChanged, TransientError
 from cdc.metrics import Metrics
 
 log = logging.getLogger("cdc.tracker")
@@ -60,7 +60,9 @@ class TableHealth:
             log.debug("table still degraded", extra={"table": self.table, "error": self.error})
             return
         extra = {"table": self.table, "error": self.error, "retry_in": round(retry_in, 3)}
-        if isinstance(error, TransientError):
+        if isinstance(error, TableChanged):  # after DDL, expected: not an alert
+            log.warning("the table changed under a read: describing it again", extra=extra)
+        elif isinstance(error, TransientError):
             log.warning("table degraded, retrying", extra=extra)
         elif isinstance(error, CdcError):
             log.error("table degraded, retrying", extra=extra)

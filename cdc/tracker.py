@@ -112,8 +112,9 @@ class ChangeTracker:
             table_config, source=source, manager=manager, line=self.line, metrics=metrics, page_size=page_size
         )
         self.describer = Describer(table_config, source, max_row_bytes)
-        self._feeder: RowFeeder | None = None
+        self._rows = RowFeeder(self.describer, worker=worker, manager=manager, metrics=metrics)
         self._describe_request: str | None = "not described yet"
+        self._shape_checked = False  # the stored shape compared with the described one
         self._snapshot_request: str | None = None
         self.stop_event: asyncio.Event = _StopEvent(self.wake)
 
@@ -121,11 +122,6 @@ class ChangeTracker:
     def info(self) -> TableInfo | None:
         """The table as last described."""
         return self.describer.info
-
-    @property
-    def _rows(self) -> RowFeeder:
-        assert self._feeder is not None, "prepare() first"
-        return self._feeder
 
     @property
     def applied(self) -> int | None:
@@ -154,6 +150,7 @@ class ChangeTracker:
             self.describer.mapper.fence = fence
         self.stop_event = _StopEvent(self.wake)
         self.caught_up.clear()
+        self._shape_checked = False  # another owner may have written the documents meanwhile
         checkpoint = await self.manager.get_checkpoint(self.table)
         streaming = checkpoint is not None and checkpoint.state == "streaming"
         self.position = checkpoint.version if streaming and checkpoint is not None else None
@@ -202,6 +199,10 @@ class ChangeTracker:
             return None
         if self._describe_request is not None:
             await self._describe()
+        if not self._shape_checked:
+            reason = await self.describer.stored_shape_differs(self.manager, self.position is not None)
+            self._snapshot_request = self._snapshot_request or reason
+            self._shape_checked = True
         if self._snapshot_request is not None:
             await self.snapshot(self._snapshot_request)
             await control.clear_snapshot_request(self.manager, self.table)
@@ -218,15 +219,9 @@ class ChangeTracker:
         self._describe_request = None
         assert self.describer.info is not None and self.describer.mapper is not None
         self.describer.mapper.fence = self.fence
-        self._feeder = RowFeeder(
-            self.describer.info,
-            self.describer.mapper,
-            worker=self.worker,
-            manager=self.manager,
-            metrics=self.metrics,
-        )
         if reason is not None and self.position is not None:
             self._snapshot_request = self._snapshot_request or reason
+        self._shape_checked = False
 
     # -- polling ---------------------------------------------------------------
 
@@ -286,10 +281,13 @@ class ChangeTracker:
         self.caught_up.clear()
         await self.checkpoints.complete(block=True)
         await self.manager.set_checkpoint(self.table, self.applied or 0, "snapshotting", fence=self.fence)
+        self.health.recovered()  # described, and Redis answers: an earlier failure is over
         assert self.info is not None
+        shape = self.describer.shape
         version = await self.loader.load(self.info, self._rows)
         self.position = self.line.applied = version
         await self.checkpoints.persist("streaming")
+        await control.set_table_shape(self.manager, self.table, shape)
         log.info("snapshot done", extra={"table": self.table, "rows": self.progress.rows, "version": version})
 
     @property

@@ -237,6 +237,19 @@ async def clear_snapshot_request(manager: DataManager, table: str) -> None:
 
 
 @_translated
+async def table_shape(manager: DataManager, table: str) -> str | None:
+    """The shape (an opaque text the daemon compares) the table's documents
+    were last written in; None when none was recorded."""
+    raw = await manager.client.hget(manager.layout.checkpoint(table), "shape")
+    return None if raw is None else redis_calls.text(raw)
+
+
+@_translated
+async def set_table_shape(manager: DataManager, table: str, shape: str) -> None:
+    await manager.client.hset(manager.layout.checkpoint(table), "shape", shape)
+
+
+@_translated
 async def set_snapshot_progress(manager: DataManager, table: str, rows: int, total: int | None) -> None:
     mapping = {"snapshot_rows": str(rows), "snapshot_total": "" if total is None else str(total)}
     await manager.client.hset(manager.layout.checkpoint(table), mapping=mapping)  # type: ignore[arg-type]

@@ -34,6 +34,7 @@ from cdc.errors import (
     MissingColumn,
     SchemaError,
     SourceUnavailable,
+    TableChanged,
     TrackingExpired,
     TrackingNotEnabled,
     UnsupportedType,
@@ -158,7 +159,7 @@ class MemorySource(MemoryDatabase):
         gone = [c for c in info.column_names if c not in t.columns]
         if str(t.identity) != info.identity or gone:
             why = f"column {gone[0]!r} does not exist" if gone else "it was dropped and created again"
-            raise SchemaError(
+            raise TableChanged(
                 f"{info.table}: the table changed while it was read ({why}): describing it again"
             )
         return t

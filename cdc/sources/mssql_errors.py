@@ -13,7 +13,15 @@ from typing import Any
 
 import pyodbc
 
-from cdc.errors import CdcError, ConnectError, SchemaError, SourceError, SourceUnavailable, TrackingNotEnabled
+from cdc.errors import (
+    CdcError,
+    ConnectError,
+    SchemaError,
+    SourceError,
+    SourceUnavailable,
+    TableChanged,
+    TrackingNotEnabled,
+)
 from cdc.sources.mssql_dsn import describe_dsn, scrub
 
 # SQLSTATEs worth retrying: the link, a timeout, a deadlock or serialization failure.
@@ -97,12 +105,12 @@ def map_error(exc: BaseException, dsn: str, context: str = "") -> CdcError:
             f"created again, while it was read; it will be described again. Run {enable} to follow it ({text})"
         )
     if INVALID_COLUMN in natives:
-        return SchemaError(
+        return TableChanged(
             f"{where}the table changed while it was read (a column it reads was dropped or renamed): "
             f"it will be described again ({text})"
         )
     if natives & TABLE_GONE:
-        return SchemaError(
+        return TableChanged(
             f"{where}the table changed while it was read (dropped, or renamed): "
             f"it will be described again ({text})"
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import psycopg
 
-from cdc.errors import CdcError, ConnectError, SchemaError, SourceError, SourceUnavailable
+from cdc.errors import CdcError, ConnectError, SchemaError, SourceError, SourceUnavailable, TableChanged
 from cdc.sources.pg_dsn import redact_dsn, scrub
 
 # What a broken link raises: the connection may be gone with it.
@@ -45,7 +45,7 @@ def table_changed(exc: BaseException, table: str) -> SchemaError | None:
     if not isinstance(exc, psycopg.Error) or not (exc.sqlstate in _CHANGED or is_stale_plan(exc)):
         return None
     detail = exc.diag.message_primary or str(exc).strip()
-    return SchemaError(f"{table}: the table changed while it was read ({detail}): describing it again")
+    return TableChanged(f"{table}: the table changed while it was read ({detail}): describing it again")
 
 
 def map_error(exc: psycopg.Error | OSError, dsn: str, what: str, table: str | None = None) -> CdcError:

@@ -27,7 +27,7 @@ import orjson
 import psycopg
 from psycopg import AsyncCursor, sql
 
-from cdc.errors import SchemaError, SourceUnavailable, TrackingExpired, TrackingNotEnabled
+from cdc.errors import SourceUnavailable, TableChanged, TrackingExpired, TrackingNotEnabled
 from cdc.sources import pg_tracking
 from cdc.sources.base import ChangePage, ChangeRow, Cursor, TableInfo
 from cdc.sources.pg_catalog import Connection
@@ -298,7 +298,7 @@ def check_identity(info: TableInfo, current_oid: int | None) -> None:
     """A table dropped and created again under the name ``info`` was described
     with is another table: its columns may even be the same."""
     if info.identity and current_oid is not None and str(current_oid) != info.identity:
-        raise SchemaError(
+        raise TableChanged(
             f"{info.table}: the table changed while it was read (it was dropped and created again): "
             "describing it again"
         )
