@@ -126,7 +126,7 @@ def min_valid_is_null(table: str) -> str:
 
 def decode_change(described: DescribedTable, since: int, row: Sequence[Any]) -> ChangeRow:
     """One CHANGETABLE row (the layout of ``mssql_sql.changes``) as a ChangeRow."""
-    version, creation, operation, mask = row[0], row[1], row[2], row[3]
+    version, operation, mask = row[0], row[2], row[3]  # row[1]: SYS_CHANGE_CREATION_VERSION, unused
     shape = described.shape
     n_key, n_columns = len(shape.primary_key), len(shape.columns)
     key_raw = row[4 : 4 + n_key]
@@ -139,7 +139,7 @@ def decode_change(described: DescribedTable, since: int, row: Sequence[Any]) -> 
     # the D could lose the delete of a key that was deleted, re-inserted and deleted again.
     if operation == "D" or values_raw[0] is None:
         return ChangeRow(op="D", version=int(version), key=key, values=None, changed_columns=None)
-    op: Op = "I" if creation is not None and creation > since else "U"
+    op = net_operation(operation)
     values = converted(described, shape.columns, values_raw)
     changed: frozenset[str] | None = None
     if op == "U" and described.track_columns_updated and mask is not None:
@@ -149,6 +149,21 @@ def decode_change(described: DescribedTable, since: int, row: Sequence[Any]) -> 
             | described.always_changed
         )
     return ChangeRow(op=op, version=int(version), key=key, values=values, changed_columns=changed)
+
+
+def net_operation(operation: Any) -> Op:
+    """I or U as SQL Server reports it in SYS_CHANGE_OPERATION ("U = Update,
+    I = Insert, D = Delete": CHANGETABLE (Transact-SQL), learn.microsoft.com,
+    /sql/relational-databases/system-functions/changetable-transact-sql), never
+    derived from SYS_CHANGE_CREATION_VERSION: a key deleted and inserted again
+    after ``since`` has a creation version above it, yet SQL Server reports
+    it as U (it existed at ``since``; SQLSERVER.md, "Reading the rows")."""
+    text = str(operation).strip().upper()
+    if text == "I":
+        return "I"
+    if text == "U":
+        return "U"
+    raise ValueError(f"SYS_CHANGE_OPERATION {operation!r} is none of I, U, D")
 
 
 def key_param(value: Any) -> Any:

@@ -47,6 +47,7 @@ from cdc.errors import (
     TrackingNotEnabled,
     UnsupportedType,
 )
+from cdc.sources import mssql_reads
 from cdc.sources import mssql_sql as sql
 from cdc.sources.base import ChangeSource, TableInfo
 from cdc.sources.mssql import MssqlSource
@@ -645,7 +646,7 @@ async def test_net_operations_values_and_changed_columns(fake: FakeOdbc) -> None
             (6, 6, "I", None, 1),  # created after since=5: I
             (7, 2, "U", "Price", 2),  # created before: U, only Price changed
             (8, None, "D", None, 3),  # D stays D
-            (9, 9, "U", None, 4),  # created after since even though the op says U: I
+            (9, 9, "U", None, 4),  # deleted and inserted again after since: SQL Server says U, so U
             (9, 3, "U", None, 5),  # NULL mask: changed columns unknown
             (10, 3, "U", None, 6),  # non-D whose row is gone (deleted after): D
         ],
@@ -655,7 +656,7 @@ async def test_net_operations_values_and_changed_columns(fake: FakeOdbc) -> None
         ("I", 6, 1),
         ("U", 7, 2),
         ("D", 8, 3),
-        ("I", 9, 4),
+        ("U", 9, 4),
         ("U", 9, 5),
         ("D", 10, 6),
     ]
@@ -665,6 +666,17 @@ async def test_net_operations_values_and_changed_columns(fake: FakeOdbc) -> None
     assert rows[2].values is None and rows[5].values is None
     assert rows[4].changed_columns is None
     await source.close()
+
+
+@pytest.mark.parametrize(("reported", "op"), [("I", "I"), ("U", "U"), ("I ", "I"), ("u", "U")])
+def test_the_operation_is_the_one_sql_server_reports(reported: str, op: str) -> None:
+    """SYS_CHANGE_OPERATION decides I or U (nchar(1): a driver may pad it), not the creation version."""
+    assert mssql_reads.net_operation(reported) == op
+
+
+def test_an_unknown_operation_is_refused() -> None:
+    with pytest.raises(ValueError, match="SYS_CHANGE_OPERATION 'X'"):
+        mssql_reads.net_operation("X")
 
 
 async def test_pages_cover_every_change_once_in_version_and_key_order(fake: FakeOdbc) -> None:
