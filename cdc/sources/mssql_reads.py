@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from cdc.errors import SchemaError, SourceUnavailable, TrackingExpired, TrackingNotEnabled
+from cdc.errors import PoisonChange, SchemaError, SourceUnavailable, TrackingExpired, TrackingNotEnabled
 from cdc.sources import mssql_sql as sql
 from cdc.sources.base import ChangeRow, Cursor, Op, TableInfo
 from cdc.sources.mssql_catalog import DescribedTable
-from cdc.sources.mssql_link import Link, execute, fetch_all, fetch_one, fetch_scalar, rollback_quietly
+from cdc.sources.mssql_held import HeldRead
+from cdc.sources.mssql_link import execute, fetch_all, fetch_one, fetch_scalar, rollback_quietly
 from cdc.sources.mssql_types import convert
 
 # -- the table read is the table described ---------------------------------------
@@ -60,28 +60,75 @@ def check_identity(info: TableInfo, object_id: Any) -> None:
 def converted(described: DescribedTable, names: Sequence[str], raw: Sequence[Any]) -> dict[str, Any]:
     """``names`` -> their values converted for their described types. A value
     that its described type cannot read means the column was retyped since
-    the describe (ALTER COLUMN): a SchemaError naming it, never a crash."""
-    try:
-        return {name: convert(described.converters[name], v) for name, v in zip(names, raw, strict=True)}
-    except (ValueError, TypeError, ArithmeticError) as exc:
-        raise SchemaError(_unreadable(described, names, raw, exc)) from exc
+    the describe (ALTER COLUMN): a SchemaError naming it, never a crash (the
+    primary key: a row cannot be addressed without it)."""
+    values = read_values(described, names, raw)
+    if isinstance(values, UnreadableValues):
+        raise SchemaError(values.changed_table())
+    return values
 
 
-def _unreadable(described: DescribedTable, names: Sequence[str], raw: Sequence[Any], exc: Exception) -> str:
+class UnreadableValues(dict[str, Any]):
+    """A row's values, one of which its converter could not read (None in its
+    place). Reading that column raises ``PoisonChange``: the mapper reads every
+    published column to encode the row, so the feeder sends the row to the dead
+    letter (``cdc.feeder.RowFeeder``) and the read goes on with the next row.
+    Whether it is poison at all is decided first (``MssqlSource``): unless the
+    table's shape is still the one described, the column was retyped and the
+    table is described again instead (``changed_table``)."""
+
+    def __init__(
+        self, values: dict[str, Any], table: str, column: str, type_name: str, value: Any, exc: Exception
+    ):
+        super().__init__(values)
+        self.column = column
+        self.problem = f"{table}: column {column} holds {value!r}, which its described type {type_name} cannot read ({exc})"
+
+    def poison(self) -> PoisonChange:
+        return PoisonChange(f"{self.problem}: the row goes to the dead letter (the table is as described)")
+
+    def changed_table(self) -> str:
+        return (
+            f"{self.problem}: the table changed while it was read; it will be described again (ALTER COLUMN?)"
+        )
+
+    def __getitem__(self, column: str) -> Any:
+        if column == self.column:
+            raise self.poison()
+        return super().__getitem__(column)
+
+    def get(self, column: str, default: Any = None) -> Any:
+        if column == self.column:
+            raise self.poison()
+        return super().get(column, default)
+
+
+def read_values(described: DescribedTable, names: Sequence[str], raw: Sequence[Any]) -> dict[str, Any]:
+    """``names`` -> their values converted for their described types; an
+    ``UnreadableValues`` when a converter raised (any exception: converters
+    are pure functions of the value, so it is about the value)."""
     table = described.info.table
-    again = "the table changed while it was read; it will be described again"
     if len(names) != len(raw):
-        return f"{table}: a row came back with {len(raw)} columns, not {len(names)}: {again}"
-    types = {c.name: c.type_name for c in described.info.columns}
+        raise SchemaError(
+            f"{table}: a row came back with {len(raw)} columns, not {len(names)}: "
+            "the table changed while it was read; it will be described again"
+        )
+    converters = described.converters
+    try:  # the hot path: a dict comprehension, per column only once a converter raised
+        return {name: convert(converters[name], v) for name, v in zip(names, raw, strict=True)}
+    except Exception:
+        pass
+    values: dict[str, Any] = {}
+    failed: tuple[str, Any, Exception] | None = None
     for name, value in zip(names, raw, strict=True):
         try:
-            convert(described.converters[name], value)
-        except (ValueError, TypeError, ArithmeticError):
-            return (
-                f"{table}: column {name} holds {value!r}, which its described type {types.get(name)} cannot "
-                f"read ({exc}): {again} (ALTER COLUMN?)"
-            )
-    return f"{table}: a value could not be read ({exc}): {again}"
+            values[name] = convert(converters[name], value)
+        except Exception as error:
+            values[name] = None
+            failed = failed or (name, value, error)
+    assert failed is not None, "a converter raised once, not twice"
+    types = {c.name: c.type_name for c in described.info.columns}
+    return UnreadableValues(values, table, failed[0], types.get(failed[0], "?"), failed[1], failed[2])
 
 
 # -- changes -------------------------------------------------------------------
@@ -140,7 +187,7 @@ def decode_change(described: DescribedTable, since: int, row: Sequence[Any]) -> 
     if operation == "D" or values_raw[0] is None:
         return ChangeRow(op="D", version=int(version), key=key, values=None, changed_columns=None)
     op = net_operation(operation)
-    values = converted(described, shape.columns, values_raw)
+    values = read_values(described, shape.columns, values_raw)
     changed: frozenset[str] | None = None
     if op == "U" and described.track_columns_updated and mask is not None:
         # NULL SYS_CHANGE_COLUMNS means "unknown" (every column changed, or no column tracking).
@@ -182,26 +229,6 @@ def page_rows(conn: Any, statement: sql.Statement, limit: int) -> list[Any]:
     if len(rows) <= limit:
         execute(conn, sql.COMMIT)
     return rows
-
-
-@dataclass
-class HeldRead:
-    """The open SNAPSHOT transaction of a paged read, on a reader of its own.
-
-    Later pages of the read run in it, so they see what the first page saw:
-    a row changed again between two pages is not skipped, nor classified
-    relative to the bound instead of ``since``. It continues only the read it
-    belongs to: same ``since``, ``upto`` equal to its bound, ``after`` equal to
-    the cursor of the page last returned."""
-
-    link: Link
-    conn: Any  # the connection holding the transaction (a replaced one has lost it)
-    since: int
-    bound: int
-    after: Cursor
-
-    def continues(self, since: int, upto: int | None, after: Cursor | None) -> bool:
-        return (since, upto, after) == (self.since, self.bound, self.after)
 
 
 def first_page(
@@ -279,4 +306,12 @@ def snapshot_begin(conn: Any, info: TableInfo) -> tuple[int, int | None]:
 
 
 def snapshot_row(described: DescribedTable, row: Sequence[Any]) -> dict[str, Any]:
-    return converted(described, described.shape.columns, row)
+    """A snapshot row (its primary key readable, else SchemaError; any other
+    column perhaps not: ``UnreadableValues``)."""
+    n_key = len(described.shape.primary_key)
+    key = converted(described, described.shape.primary_key, row[:n_key])
+    rest = read_values(described, described.shape.columns[n_key:], row[n_key : len(described.shape.columns)])
+    if isinstance(rest, UnreadableValues):
+        rest.update(key)
+        return rest
+    return {**key, **rest}

@@ -41,18 +41,21 @@ from sqlglot.tokens import TokenType
 from cdc.config import SourceConfig, TableConfig, load_config
 from cdc.errors import (
     MissingColumn,
+    PoisonChange,
     SchemaError,
     SourceUnavailable,
     TrackingExpired,
     TrackingNotEnabled,
     UnsupportedType,
 )
-from cdc.sources import mssql_reads
+from cdc.mapping import TableMapper
+from cdc.sources import mssql_held, mssql_reads
 from cdc.sources import mssql_sql as sql
 from cdc.sources.base import ChangeSource, TableInfo
 from cdc.sources.mssql import MssqlSource
 from cdc.sources.mssql_dsn import parse_dsn
 from cdc.templates import Template
+from tests.e2e import wait_for
 
 # -- sqlglot, taught CHANGETABLE and SNAPSHOT --------------------------------
 
@@ -1050,14 +1053,19 @@ async def test_a_read_of_a_table_changed_under_it_fails_for_that_table_only(
     await source.close()
 
 
-async def test_a_value_its_described_type_cannot_read_is_a_schema_error(fake: FakeOdbc) -> None:
-    """ALTER COLUMN Price nvarchar(20) between two fingerprint polls: the read
-    names the column instead of failing with a ValueError."""
+async def test_a_value_its_described_type_cannot_read_after_alter_column_is_a_schema_error(
+    fake: FakeOdbc,
+) -> None:
+    """ALTER COLUMN Price nvarchar(20) between two fingerprint polls (the
+    fingerprint now differs): the read names the column, and the table is
+    described again, instead of failing with a ValueError."""
     source, info = await described(fake)
     put(fake, [(1, "twelve", "x", 2), (2, "2.00", "y", 4)], [(8, 8, "I", None, 1), (9, 9, "I", None, 2)])
+    fake.fingerprint = "object 1000; shape 2 (Price nvarchar(20))"
     for limit in (10, 1):  # the whole read in one page, or a page with more to come (held open)
         with pytest.raises(
-            SchemaError, match=r"dbo\.Forecasts: column Price holds 'twelve'.*decimal\(12,2\)"
+            SchemaError,
+            match=r"dbo\.Forecasts: column Price holds 'twelve'.*decimal\(12,2\).*described again",
         ):
             await source.read_changes(info, 5, limit=limit)
         assert fake.statements()[-1] == "ROLLBACK"
@@ -1066,6 +1074,95 @@ async def test_a_value_its_described_type_cannot_read_is_a_schema_error(fake: Fa
     fake.db.execute("""UPDATE dbo."Forecasts" SET "Price" = '12.00' WHERE "Id" = 1""")
     assert len((await source.read_changes(info, 5, limit=10)).rows) == 2
     assert fake.connections == 3  # describe's, the one reader's (given back each time), the snapshot's
+    await source.close()
+
+
+async def test_a_value_its_converter_cannot_read_in_a_table_as_described_is_that_rows_poison(
+    fake: FakeOdbc,
+) -> None:
+    """The shape is the one described: the row goes to the dead letter (the
+    mapper raises PoisonChange naming table and column), the read goes on, and
+    its transaction is committed, not left open."""
+    source, info = await described(fake)
+    put(
+        fake,
+        [(1, "twelve", "x", 2), (2, "2.00", "y", 4), (3, "3.00", "z", 6)],
+        [(8, 8, "I", None, 1), (9, 9, "I", None, 2), (9, 9, "I", None, 3)],
+    )
+    mapper = TableMapper(table_config(), info, max_row_bytes=1 << 20)
+    page = await source.read_changes(info, 5, limit=2)  # the unreadable row on a page with more to come
+    assert page.more and [r.key["Id"] for r in page.rows] == [1, 2]
+    with pytest.raises(PoisonChange, match=r"dbo\.Forecasts: column Price holds 'twelve'.*dead letter"):
+        mapper.from_row(page.rows[0])
+    assert mapper.from_row(page.rows[1]) is not None
+    rest = await source.read_changes(info, 5, limit=2, upto=page.next_version, after=page.cursor)
+    assert [r.key["Id"] for r in rest.rows] == [3] and not rest.more
+    assert "ROLLBACK" not in fake.statements() and fake.statements()[-1] == "COMMIT"
+    snapshot = [row for page in [p async for p in source.snapshot(info, page_size=10)] for row in page.rows]
+    assert [row["Id"] for row in snapshot] == [1, 2, 3]
+    with pytest.raises(PoisonChange, match="column Price"):
+        mapper.from_snapshot(snapshot[0], version=10)
+    await source.close()
+
+
+async def test_a_page_that_cannot_be_decoded_gives_its_reader_back_rolled_back(fake: FakeOdbc) -> None:
+    """Whatever fails while a page is decoded, the read's transaction is not left open."""
+    source, info = await described(fake)
+    put(fake, [(i, "1.00", "s", 2) for i in range(1, 5)], [(6, 1, "X", None, i) for i in range(1, 5)])
+    with pytest.raises(ValueError, match="SYS_CHANGE_OPERATION 'X'"):
+        await source.read_changes(info, 5, limit=2)
+    assert fake.statements()[-1] == "ROLLBACK" and "COMMIT" not in fake.statements()
+    fake.db.execute("UPDATE ct_src SET SYS_CHANGE_OPERATION = 'U'")
+    assert len((await source.read_changes(info, 5, limit=10)).rows) == 4
+    assert fake.connections == 2  # the reader was given back, not lost
+    await source.close()
+
+
+async def test_a_read_cancelled_between_pages_is_rolled_back_and_its_reader_given_back(
+    fake: FakeOdbc,
+) -> None:
+    """The tracker is cancelled (shutdown, a lost lease) while it feeds a page
+    to Redis: the held SNAPSHOT transaction must not stay open (tempdb)."""
+    source, info = await described(fake)
+    put(fake, [(i, "1.00", "s", 2) for i in range(1, 5)], [(6, 1, "U", None, i) for i in range(1, 5)])
+    first_page = asyncio.Event()
+
+    async def tracker() -> None:
+        assert (await source.read_changes(info, 5, limit=2)).more
+        first_page.set()
+        await asyncio.Event().wait()  # feeding the page to Redis, until cancelled
+
+    task = asyncio.create_task(tracker())
+    await asyncio.wait_for(first_page.wait(), 5)
+    [reader] = {n for kind, n in fake.trail if kind == "CHANGES"}
+    task.cancel()
+
+    async def rolled_back() -> bool:
+        return ("ROLLBACK", reader) in fake.trail
+
+    await wait_for(rolled_back, 5, "the held read's rollback")
+    assert "COMMIT" not in fake.statements()
+    assert (await source.read_changes(info, 5, limit=10)).next_version == 10
+    assert fake.connections == 2  # the reader was given back and read again
+    await source.close()
+
+
+async def test_a_read_not_continued_in_time_is_rolled_back(
+    fake: FakeOdbc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(mssql_held, "HOLD_LIMIT", 0.05)
+    source, info = await described(fake)
+    put(fake, [(i, "1.00", "s", 2) for i in range(1, 5)], [(6, 1, "U", None, i) for i in range(1, 5)])
+    page = await source.read_changes(info, 5, limit=2)  # this task lives on, and does not continue
+
+    async def rolled_back() -> bool:
+        return fake.statements()[-1] == "ROLLBACK"
+
+    await wait_for(rolled_back, 5, "the idle held read's rollback")
+    # a late continuation still gets the rest: a new transaction from (upto, after)
+    rest = await source.read_changes(info, 5, limit=2, upto=page.next_version, after=page.cursor)
+    assert [r.key["Id"] for r in page.rows + rest.rows] == [1, 2, 3, 4]
+    assert fake.connections == 2
     await source.close()
 
 
