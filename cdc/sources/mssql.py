@@ -49,12 +49,13 @@ from cdc.sources.mssql_link import (
 )
 from cdc.sources.mssql_reads import (
     UnreadableValues,
+    change_cursor,
     decode_change,
     first_page,
-    key_param,
     next_page,
     rows_of,
     snapshot_begin,
+    snapshot_cursor,
     snapshot_row,
 )
 from cdc.sources.mssql_tracking import disable, enable, status
@@ -205,8 +206,7 @@ class MssqlSource:
         if len(rows) <= limit:
             await self._release(link, rollback=False)  # committed with the last page
             return ChangePage(rows=changes, next_version=bound)
-        last = changes[-1]
-        cursor: Cursor = (last.version, tuple(last.key[c] for c in info.primary_key))
+        cursor = change_cursor(described.shape, rows[limit - 1])
         self._held.hold(info.table.lower(), HeldRead(link, conn, since, bound, cursor))
         return ChangePage(rows=changes, next_version=bound, more=True, cursor=cursor)
 
@@ -275,7 +275,7 @@ class MssqlSource:
                 first = False
                 if len(raw) < page_size:
                     break
-                after = [key_param(rows[-1][c]) for c in info.primary_key]
+                after = list(snapshot_cursor(described.shape, raw[-1]))
             await link.run(lambda conn: execute(conn, sql.COMMIT), info.table)
         finally:
             await link.close()  # rolls back first when the snapshot was abandoned or failed

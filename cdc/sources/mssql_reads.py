@@ -23,7 +23,6 @@ Each unit of work here is a function of a connection, run on a ``Link``.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -178,7 +177,7 @@ def decode_change(described: DescribedTable, since: int, row: Sequence[Any]) -> 
     n_key, n_columns = len(shape.primary_key), len(shape.columns)
     key_raw = row[4 : 4 + n_key]
     values_raw = row[4 + n_key : 4 + n_key + n_columns]
-    flags = row[4 + n_key + n_columns :]
+    flags = row[4 + n_key + n_columns : 4 + n_key + n_columns + len(shape.mask_columns)]
     key = converted(described, shape.primary_key, key_raw)
     # t.<first key column> is NULL only when the LEFT JOIN found no row: the row is gone.
     # A D stays a D, even one whose row was created after `since` (inserted and deleted
@@ -213,12 +212,29 @@ def net_operation(operation: Any) -> Op:
     raise ValueError(f"SYS_CHANGE_OPERATION {operation!r} is none of I, U, D")
 
 
-def key_param(value: Any) -> Any:
-    """A key value as a query parameter (pyodbc binds no timezone: send it as text,
-    which the CAST to datetimeoffset reads back exactly)."""
-    if isinstance(value, dt.datetime) and value.tzinfo is not None:
-        return value.isoformat()
-    return value
+def change_cursor(shape: sql.TableShape, row: Sequence[Any]) -> Cursor:
+    """Where the page after CHANGETABLE row ``row`` starts: its version and its
+    key as the server sent it (``cursor_key``)."""
+    n_key, n_columns = len(shape.primary_key), len(shape.columns)
+    exact = row[4 + n_key + n_columns + len(shape.mask_columns) :]
+    return int(row[0]), cursor_key(shape, row[4 : 4 + n_key], exact)
+
+
+def snapshot_cursor(shape: sql.TableShape, row: Sequence[Any]) -> tuple[Any, ...]:
+    """Where the snapshot page after table row ``row`` starts (``cursor_key``)."""
+    return cursor_key(shape, row[: len(shape.primary_key)], row[len(shape.columns) :])
+
+
+def cursor_key(shape: sql.TableShape, raw_key: Sequence[Any], exact: Sequence[Any]) -> tuple[Any, ...]:
+    """A keyset cursor's key: the values as the driver returned them, never as
+    converted for the documents, and the server's own text for date and time
+    keys (``mssql_sql.exact_text``): a datetime2(7) key cut to microseconds
+    would make a page of rows sharing a microsecond repeat forever."""
+    texts = iter(exact)
+    return tuple(
+        next(texts) if sql.is_exact_text(t) else value
+        for value, t in zip(raw_key, shape.key_types, strict=True)
+    )
 
 
 def page_rows(conn: Any, statement: sql.Statement, limit: int) -> list[Any]:
@@ -239,7 +255,7 @@ def first_page(
     the whole read, else leave the transaction open. It returns the bound,
     the rows and the connection that holds the transaction."""
     info = described.info
-    cursor = None if after is None else (after[0], [key_param(v) for v in after[1]])
+    cursor = None if after is None else (after[0], list(after[1]))
 
     def first(conn: Any) -> tuple[int, list[Any], Any]:
         execute(conn, sql.SET_SNAPSHOT)
@@ -261,7 +277,7 @@ def first_page(
 
 def next_page(held: HeldRead, described: DescribedTable, limit: int) -> Callable[[Any], list[Any]]:
     """The next page in the held transaction, as a unit of work; committed when it is the last."""
-    cursor = (held.after[0], [key_param(v) for v in held.after[1]])
+    cursor = (held.after[0], list(held.after[1]))
     statement = sql.changes(described.shape, since=held.since, upto=held.bound, limit=limit + 1, after=cursor)
 
     def following(conn: Any) -> list[Any]:

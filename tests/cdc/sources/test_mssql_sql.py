@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
 import re
 import sqlite3
 import threading
@@ -239,6 +240,73 @@ def test_composite_keyset_is_lexicographic_and_casts_to_the_key_type() -> None:
     assert order == ["t.[a]]b]", "t.[Line]"]
 
 
+TIMED = sql.TableShape(
+    schema="dbo",
+    name="Readings",
+    primary_key=("Ts", "Code", "Id"),
+    key_types=("datetime2(7)", "varchar(20)", "int"),
+    columns=("Ts", "Code", "Id", "Value"),
+    key_collations=(None, "Latin1_General_100_CI_AS_SC_UTF8", None),
+)
+
+
+def test_date_time_and_varchar_keys_page_on_the_servers_exact_values() -> None:
+    """datetime2(7) cursors are the server's text, compared back in style 121;
+    a varchar key is converted in its column's collation, not the database's."""
+    for statement in (
+        sql.changes(TIMED, since=5, upto=9, limit=100, after=(7, ["2024-01-01 00:00:00.1234567", "é", 1])),
+        sql.snapshot_page(TIMED, limit=100, after=["2024-01-01 00:00:00.1234567", "é", 1]),
+    ):
+        tree = parse(statement)
+        assert placeholders(tree) == len(statement.params)
+        assert "CONVERT(nvarchar(40), " in statement.sql and "[Ts], 121)" in statement.sql
+        assert statement.sql.count("CONVERT(datetime2(7), ?, 121)") == 2
+        assert statement.sql.count("CAST(? COLLATE Latin1_General_100_CI_AS_SC_UTF8 AS varchar(20))") == 2
+        assert "CAST(? AS int)" in statement.sql
+    with pytest.raises(ValueError, match="collation"):
+        sql.snapshot_page(
+            dataclasses.replace(TIMED, key_collations=(None, "x]; DROP", None)), limit=1, after=["t", "c", 1]
+        )
+
+
+def test_a_cursor_holds_the_raw_key_and_the_exact_text_of_date_time_keys() -> None:
+    ts = dt.datetime(2024, 1, 1, 0, 0, 0, 123456)  # what the driver gives for .1234567
+    row = (ts, "Ab", 3, Decimal("1.5"), "2024-01-01 00:00:00.1234567")
+    assert mssql_reads.snapshot_cursor(TIMED, row) == ("2024-01-01 00:00:00.1234567", "Ab", 3)
+    change = (8, 8, "U", None, ts, "Ab", 3, ts, "Ab", 3, Decimal("1.5"), "2024-01-01 00:00:00.1234567")
+    assert mssql_reads.change_cursor(TIMED, change) == (8, ("2024-01-01 00:00:00.1234567", "Ab", 3))
+
+
+def test_many_rows_sharing_a_datetime2_value_page_through_once() -> None:
+    """The review's stall, simulated: 25 rows share one datetime2(7) value (two
+    groups differing below 1 us), pages of 4. A server-side model compares
+    keys exactly (100 ns ticks); the driver hands back microseconds. Cursors
+    built from the converted key repeat a page forever; these do not."""
+    shape = dataclasses.replace(TIMED, primary_key=("Ts", "Id"), key_types=("datetime2(7)", "int"))
+    shape = dataclasses.replace(shape, columns=("Ts", "Id"), key_collations=())
+    ticks = sorted((t, i) for t in (1234567, 1234568) for i in range(1, 13 + (t % 2)))
+
+    def text(tick: int) -> str:
+        return f"2024-01-01 00:00:00.{tick:07d}"
+
+    def server_page(after: tuple[Any, ...] | None) -> list[tuple[Any, ...]]:
+        def exact(value: Any) -> int:  # CONVERT(datetime2(7), ?, 121) of the cursor's value
+            return int(value[-7:]) if isinstance(value, str) else value.microsecond * 10
+
+        rest = [k for k in ticks if after is None or k > (exact(after[0]), after[1])]
+        return [(dt.datetime(2024, 1, 1, 0, 0, 0, t // 10), i, text(t)) for t, i in rest[:4]]
+
+    seen: list[tuple[str, int]] = []
+    after: tuple[Any, ...] | None = None
+    for _ in range(100):
+        page = server_page(after)
+        seen += [(r[2], r[1]) for r in page]
+        if len(page) < 4:
+            break
+        after = mssql_reads.snapshot_cursor(shape, page[-1])
+    assert seen == [(text(t), i) for t, i in ticks]
+
+
 def test_no_column_tracking_means_no_mask_expressions() -> None:
     shape = sql.TableShape("dbo", "T", ("Id",), ("int",), ("Id", "V"))
     statement = sql.changes(shape, since=1, upto=2, limit=3)
@@ -367,8 +435,8 @@ class FakeOdbc:
             return [self.state(n, name, min_valid) for n, name in enumerate(params)]
         if text == sql.CURRENT_VERSION.sql:
             return [(current,)]
-        if text == sql.COLUMNS:
-            return self.catalog
+        if text == sql.COLUMNS:  # with collation_name: NULL but for character columns (none here)
+            return [(*row, None) for row in self.catalog]
         if text == sql.PRIMARY_KEY:
             return self.primary_key
         if text == sql.TABLE_TRACKING:
