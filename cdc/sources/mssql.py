@@ -38,6 +38,7 @@ from cdc.sources.mssql_catalog import (
     shape_change,
 )
 from cdc.sources.mssql_doctor import doctor
+from cdc.sources.mssql_held import HeldRead, HeldReads
 from cdc.sources.mssql_link import (
     Link,
     execute,
@@ -47,13 +48,14 @@ from cdc.sources.mssql_link import (
     rollback_quietly,
 )
 from cdc.sources.mssql_reads import (
-    HeldRead,
+    UnreadableValues,
+    change_cursor,
     decode_change,
     first_page,
-    key_param,
     next_page,
     rows_of,
     snapshot_begin,
+    snapshot_cursor,
     snapshot_row,
 )
 from cdc.sources.mssql_tracking import disable, enable, status
@@ -75,7 +77,8 @@ class MssqlSource:
         # transaction open on one (``_held``, by table) until its last page, while
         # other tables' reads, describe and the rest go on elsewhere.
         self._readers: list[Link] = []  # idle: no transaction open
-        self._held: dict[str, HeldRead] = {}  # table (lower case) -> its paged read
+        # table (lower case) -> its paged read, rolled back should its caller go (mssql_held)
+        self._held = HeldReads(lambda link: self._release(link, rollback=True))
 
     # -- connections
 
@@ -89,8 +92,9 @@ class MssqlSource:
 
     async def close(self) -> None:
         """Close every connection; a paged read still held is rolled back."""
-        links = [held.link for held in self._held.values()] + self._readers
-        self._held, self._readers = {}, []
+        await self._held.settled()
+        links = [held.link for held in self._held.take_all()] + self._readers
+        self._readers = []
         try:
             for link in links:
                 await link.close()  # rolls back an open transaction first
@@ -181,7 +185,7 @@ class MssqlSource:
         if limit < 1:
             raise ValueError("limit must be at least 1")
         described = await self._tracked(info)
-        held = self._held.pop(info.table.lower(), None)
+        held = self._held.take(info.table.lower())
         if held is not None and held.continues(since, upto, after):
             link, conn, bound = held.link, held.conn, held.bound
             rows = await self._run_read(link, next_page(held, described, limit), info.table)
@@ -193,16 +197,34 @@ class MssqlSource:
             bound, rows, conn = await self._run_read(link, work, info.table)
         try:
             changes = [decode_change(described, since, row) for row in rows[:limit]]
-        except SchemaError:  # a value the described type cannot read: the reader goes back, rolled back
+            await self._check_unreadable(described, [c.values for c in changes])
+        except BaseException:
+            # a table changed under the read, a cancellation, anything: the reader goes
+            # back with its transaction rolled back, never left holding it (tempdb)
             await self._release(link, rollback=True)
             raise
         if len(rows) <= limit:
             await self._release(link, rollback=False)  # committed with the last page
             return ChangePage(rows=changes, next_version=bound)
-        last = changes[-1]
-        cursor: Cursor = (last.version, tuple(last.key[c] for c in info.primary_key))
-        self._held[info.table.lower()] = HeldRead(link, conn, since, bound, cursor)
+        cursor = change_cursor(described.shape, rows[limit - 1])
+        self._held.hold(info.table.lower(), HeldRead(link, conn, since, bound, cursor))
         return ChangePage(rows=changes, next_version=bound, more=True, cursor=cursor)
+
+    async def _check_unreadable(
+        self, described: DescribedTable, rows: Sequence[dict[str, Any] | None]
+    ) -> None:
+        """A value its converter could not read is the row's poison (the mapper
+        raises PoisonChange for it, the row goes to the dead letter) while the
+        table is as described; if its shape changed (ALTER COLUMN), SchemaError:
+        it is described again and read again, with converters for its new types."""
+        unreadable = next((r for r in rows if isinstance(r, UnreadableValues)), None)
+        if unreadable is None:
+            return
+        info = described.info
+        name = TableName(info.table, info.schema, info.name)
+        [found] = await self._link.run(lambda conn: read_fingerprints(conn, [name]), info.table)
+        if found is None or found.fingerprint != info.fingerprint:
+            raise SchemaError(unreadable.changed_table())
 
     def _new_reader(self) -> Link:
         return Link(self._open_connection, self.config.dsn, "cdc-mssql-read")
@@ -247,12 +269,13 @@ class MssqlSource:
                 statement = sql.snapshot_page(described.shape, limit=page_size, after=after)
                 raw = await link.run(rows_of(statement), info.table)
                 rows = [snapshot_row(described, r) for r in raw]
+                await self._check_unreadable(described, rows)
                 if rows or first:
                     yield SnapshotPage(version=version, rows=rows, total=total)
                 first = False
                 if len(raw) < page_size:
                     break
-                after = [key_param(rows[-1][c]) for c in info.primary_key]
+                after = list(snapshot_cursor(described.shape, raw[-1]))
             await link.run(lambda conn: execute(conn, sql.COMMIT), info.table)
         finally:
             await link.close()  # rolls back first when the snapshot was abandoned or failed

@@ -49,15 +49,32 @@ class CatalogColumn:
     base: str  # system type under any alias type
     nullable: bool
     computed: bool
+    collation: str | None = None  # character columns' (keyset cursors compare in it)
 
 
 def catalog_columns(conn: Any, schema: str, name: str) -> list[CatalogColumn]:
     out = []
     for row in fetch_all(conn, sql.columns(schema, name)):
-        _, column, type_name, base_name, is_assembly, max_length, precision, scale, nullable, computed = row
+        (
+            _,
+            column,
+            type_name,
+            base_name,
+            is_assembly,
+            max_length,
+            precision,
+            scale,
+            nullable,
+            computed,
+            collation,
+        ) = row
         base = str(type_name if is_assembly or not base_name else base_name)
         declared = format_type(base, int(max_length), int(precision), int(scale))
-        out.append(CatalogColumn(str(column), declared, base, bool(nullable), bool(computed)))
+        out.append(
+            CatalogColumn(
+                str(column), declared, base, bool(nullable), bool(computed), collation and str(collation)
+            )
+        )
     return out
 
 
@@ -170,6 +187,7 @@ def _build_table(
         name=table_name.name,
         primary_key=key_names,
         key_types=tuple(c.declared for c in key),
+        key_collations=tuple(c.collation for c in key),
         columns=tuple(c.name for c in published),
         mask_columns=masked if track_columns_updated else (),
     )

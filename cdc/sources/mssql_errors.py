@@ -34,6 +34,13 @@ TRANSIENT_ERRORS = frozenset(
         1222,  # lock request time out
         3960,  # snapshot update conflict
         3961,  # snapshot: the object was changed by DDL since the transaction started
+        3956,  # snapshot isolation is in transition (pending on/off): retry later
+        3958,  # transaction aborted: a needed row version was removed from tempdb's version store
+        3966,  # transaction aborted: a needed row version was marked for removal (version store full)
+        3967,  # the version store was forced to shrink: transaction aborted
+        976,  # availability group: the database is not accessible on this replica (yet)
+        978,  # availability group: the readable secondary needs ApplicationIntent=ReadOnly
+        983,  # availability group: the replica's role is changing (resolving): not accessible now
         10053,  # transport-level error
         10054,  # connection reset
         10060,  # network timeout

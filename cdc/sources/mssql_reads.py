@@ -23,16 +23,15 @@ Each unit of work here is a function of a connection, run on a ``Link``.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from cdc.errors import SchemaError, SourceUnavailable, TrackingExpired, TrackingNotEnabled
+from cdc.errors import PoisonChange, SchemaError, SourceUnavailable, TrackingExpired, TrackingNotEnabled
 from cdc.sources import mssql_sql as sql
 from cdc.sources.base import ChangeRow, Cursor, Op, TableInfo
 from cdc.sources.mssql_catalog import DescribedTable
-from cdc.sources.mssql_link import Link, execute, fetch_all, fetch_one, fetch_scalar, rollback_quietly
+from cdc.sources.mssql_held import HeldRead
+from cdc.sources.mssql_link import execute, fetch_all, fetch_one, fetch_scalar, rollback_quietly
 from cdc.sources.mssql_types import convert
 
 # -- the table read is the table described ---------------------------------------
@@ -60,28 +59,75 @@ def check_identity(info: TableInfo, object_id: Any) -> None:
 def converted(described: DescribedTable, names: Sequence[str], raw: Sequence[Any]) -> dict[str, Any]:
     """``names`` -> their values converted for their described types. A value
     that its described type cannot read means the column was retyped since
-    the describe (ALTER COLUMN): a SchemaError naming it, never a crash."""
-    try:
-        return {name: convert(described.converters[name], v) for name, v in zip(names, raw, strict=True)}
-    except (ValueError, TypeError, ArithmeticError) as exc:
-        raise SchemaError(_unreadable(described, names, raw, exc)) from exc
+    the describe (ALTER COLUMN): a SchemaError naming it, never a crash (the
+    primary key: a row cannot be addressed without it)."""
+    values = read_values(described, names, raw)
+    if isinstance(values, UnreadableValues):
+        raise SchemaError(values.changed_table())
+    return values
 
 
-def _unreadable(described: DescribedTable, names: Sequence[str], raw: Sequence[Any], exc: Exception) -> str:
+class UnreadableValues(dict[str, Any]):
+    """A row's values, one of which its converter could not read (None in its
+    place). Reading that column raises ``PoisonChange``: the mapper reads every
+    published column to encode the row, so the feeder sends the row to the dead
+    letter (``cdc.feeder.RowFeeder``) and the read goes on with the next row.
+    Whether it is poison at all is decided first (``MssqlSource``): unless the
+    table's shape is still the one described, the column was retyped and the
+    table is described again instead (``changed_table``)."""
+
+    def __init__(
+        self, values: dict[str, Any], table: str, column: str, type_name: str, value: Any, exc: Exception
+    ):
+        super().__init__(values)
+        self.column = column
+        self.problem = f"{table}: column {column} holds {value!r}, which its described type {type_name} cannot read ({exc})"
+
+    def poison(self) -> PoisonChange:
+        return PoisonChange(f"{self.problem}: the row goes to the dead letter (the table is as described)")
+
+    def changed_table(self) -> str:
+        return (
+            f"{self.problem}: the table changed while it was read; it will be described again (ALTER COLUMN?)"
+        )
+
+    def __getitem__(self, column: str) -> Any:
+        if column == self.column:
+            raise self.poison()
+        return super().__getitem__(column)
+
+    def get(self, column: str, default: Any = None) -> Any:
+        if column == self.column:
+            raise self.poison()
+        return super().get(column, default)
+
+
+def read_values(described: DescribedTable, names: Sequence[str], raw: Sequence[Any]) -> dict[str, Any]:
+    """``names`` -> their values converted for their described types; an
+    ``UnreadableValues`` when a converter raised (any exception: converters
+    are pure functions of the value, so it is about the value)."""
     table = described.info.table
-    again = "the table changed while it was read; it will be described again"
     if len(names) != len(raw):
-        return f"{table}: a row came back with {len(raw)} columns, not {len(names)}: {again}"
-    types = {c.name: c.type_name for c in described.info.columns}
+        raise SchemaError(
+            f"{table}: a row came back with {len(raw)} columns, not {len(names)}: "
+            "the table changed while it was read; it will be described again"
+        )
+    converters = described.converters
+    try:  # the hot path: a dict comprehension, per column only once a converter raised
+        return {name: convert(converters[name], v) for name, v in zip(names, raw, strict=True)}
+    except Exception:
+        pass
+    values: dict[str, Any] = {}
+    failed: tuple[str, Any, Exception] | None = None
     for name, value in zip(names, raw, strict=True):
         try:
-            convert(described.converters[name], value)
-        except (ValueError, TypeError, ArithmeticError):
-            return (
-                f"{table}: column {name} holds {value!r}, which its described type {types.get(name)} cannot "
-                f"read ({exc}): {again} (ALTER COLUMN?)"
-            )
-    return f"{table}: a value could not be read ({exc}): {again}"
+            values[name] = convert(converters[name], value)
+        except Exception as error:
+            values[name] = None
+            failed = failed or (name, value, error)
+    assert failed is not None, "a converter raised once, not twice"
+    types = {c.name: c.type_name for c in described.info.columns}
+    return UnreadableValues(values, table, failed[0], types.get(failed[0], "?"), failed[1], failed[2])
 
 
 # -- changes -------------------------------------------------------------------
@@ -126,12 +172,12 @@ def min_valid_is_null(table: str) -> str:
 
 def decode_change(described: DescribedTable, since: int, row: Sequence[Any]) -> ChangeRow:
     """One CHANGETABLE row (the layout of ``mssql_sql.changes``) as a ChangeRow."""
-    version, creation, operation, mask = row[0], row[1], row[2], row[3]
+    version, operation, mask = row[0], row[2], row[3]  # row[1]: SYS_CHANGE_CREATION_VERSION, unused
     shape = described.shape
     n_key, n_columns = len(shape.primary_key), len(shape.columns)
     key_raw = row[4 : 4 + n_key]
     values_raw = row[4 + n_key : 4 + n_key + n_columns]
-    flags = row[4 + n_key + n_columns :]
+    flags = row[4 + n_key + n_columns : 4 + n_key + n_columns + len(shape.mask_columns)]
     key = converted(described, shape.primary_key, key_raw)
     # t.<first key column> is NULL only when the LEFT JOIN found no row: the row is gone.
     # A D stays a D, even one whose row was created after `since` (inserted and deleted
@@ -139,8 +185,8 @@ def decode_change(described: DescribedTable, since: int, row: Sequence[Any]) -> 
     # the D could lose the delete of a key that was deleted, re-inserted and deleted again.
     if operation == "D" or values_raw[0] is None:
         return ChangeRow(op="D", version=int(version), key=key, values=None, changed_columns=None)
-    op: Op = "I" if creation is not None and creation > since else "U"
-    values = converted(described, shape.columns, values_raw)
+    op = net_operation(operation)
+    values = read_values(described, shape.columns, values_raw)
     changed: frozenset[str] | None = None
     if op == "U" and described.track_columns_updated and mask is not None:
         # NULL SYS_CHANGE_COLUMNS means "unknown" (every column changed, or no column tracking).
@@ -151,12 +197,44 @@ def decode_change(described: DescribedTable, since: int, row: Sequence[Any]) -> 
     return ChangeRow(op=op, version=int(version), key=key, values=values, changed_columns=changed)
 
 
-def key_param(value: Any) -> Any:
-    """A key value as a query parameter (pyodbc binds no timezone: send it as text,
-    which the CAST to datetimeoffset reads back exactly)."""
-    if isinstance(value, dt.datetime) and value.tzinfo is not None:
-        return value.isoformat()
-    return value
+def net_operation(operation: Any) -> Op:
+    """I or U as SQL Server reports it in SYS_CHANGE_OPERATION ("U = Update,
+    I = Insert, D = Delete": CHANGETABLE (Transact-SQL), learn.microsoft.com,
+    /sql/relational-databases/system-functions/changetable-transact-sql), never
+    derived from SYS_CHANGE_CREATION_VERSION: a key deleted and inserted again
+    after ``since`` has a creation version above it, yet SQL Server reports
+    it as U (it existed at ``since``; SQLSERVER.md, "Reading the rows")."""
+    text = str(operation).strip().upper()
+    if text == "I":
+        return "I"
+    if text == "U":
+        return "U"
+    raise ValueError(f"SYS_CHANGE_OPERATION {operation!r} is none of I, U, D")
+
+
+def change_cursor(shape: sql.TableShape, row: Sequence[Any]) -> Cursor:
+    """Where the page after CHANGETABLE row ``row`` starts: its version and its
+    key as the server sent it (``cursor_key``)."""
+    n_key, n_columns = len(shape.primary_key), len(shape.columns)
+    exact = row[4 + n_key + n_columns + len(shape.mask_columns) :]
+    return int(row[0]), cursor_key(shape, row[4 : 4 + n_key], exact)
+
+
+def snapshot_cursor(shape: sql.TableShape, row: Sequence[Any]) -> tuple[Any, ...]:
+    """Where the snapshot page after table row ``row`` starts (``cursor_key``)."""
+    return cursor_key(shape, row[: len(shape.primary_key)], row[len(shape.columns) :])
+
+
+def cursor_key(shape: sql.TableShape, raw_key: Sequence[Any], exact: Sequence[Any]) -> tuple[Any, ...]:
+    """A keyset cursor's key: the values as the driver returned them, never as
+    converted for the documents, and the server's own text for date and time
+    keys (``mssql_sql.exact_text``): a datetime2(7) key cut to microseconds
+    would make a page of rows sharing a microsecond repeat forever."""
+    texts = iter(exact)
+    return tuple(
+        next(texts) if sql.is_exact_text(t) else value
+        for value, t in zip(raw_key, shape.key_types, strict=True)
+    )
 
 
 def page_rows(conn: Any, statement: sql.Statement, limit: int) -> list[Any]:
@@ -169,26 +247,6 @@ def page_rows(conn: Any, statement: sql.Statement, limit: int) -> list[Any]:
     return rows
 
 
-@dataclass
-class HeldRead:
-    """The open SNAPSHOT transaction of a paged read, on a reader of its own.
-
-    Later pages of the read run in it, so they see what the first page saw:
-    a row changed again between two pages is not skipped, nor classified
-    relative to the bound instead of ``since``. It continues only the read it
-    belongs to: same ``since``, ``upto`` equal to its bound, ``after`` equal to
-    the cursor of the page last returned."""
-
-    link: Link
-    conn: Any  # the connection holding the transaction (a replaced one has lost it)
-    since: int
-    bound: int
-    after: Cursor
-
-    def continues(self, since: int, upto: int | None, after: Cursor | None) -> bool:
-        return (since, upto, after) == (self.since, self.bound, self.after)
-
-
 def first_page(
     described: DescribedTable, since: int, limit: int, upto: int | None, after: Cursor | None
 ) -> Callable[[Any], tuple[int, list[Any], Any]]:
@@ -197,7 +255,7 @@ def first_page(
     the whole read, else leave the transaction open. It returns the bound,
     the rows and the connection that holds the transaction."""
     info = described.info
-    cursor = None if after is None else (after[0], [key_param(v) for v in after[1]])
+    cursor = None if after is None else (after[0], list(after[1]))
 
     def first(conn: Any) -> tuple[int, list[Any], Any]:
         execute(conn, sql.SET_SNAPSHOT)
@@ -219,7 +277,7 @@ def first_page(
 
 def next_page(held: HeldRead, described: DescribedTable, limit: int) -> Callable[[Any], list[Any]]:
     """The next page in the held transaction, as a unit of work; committed when it is the last."""
-    cursor = (held.after[0], [key_param(v) for v in held.after[1]])
+    cursor = (held.after[0], list(held.after[1]))
     statement = sql.changes(described.shape, since=held.since, upto=held.bound, limit=limit + 1, after=cursor)
 
     def following(conn: Any) -> list[Any]:
@@ -264,4 +322,12 @@ def snapshot_begin(conn: Any, info: TableInfo) -> tuple[int, int | None]:
 
 
 def snapshot_row(described: DescribedTable, row: Sequence[Any]) -> dict[str, Any]:
-    return converted(described, described.shape.columns, row)
+    """A snapshot row (its primary key readable, else SchemaError; any other
+    column perhaps not: ``UnreadableValues``)."""
+    n_key = len(described.shape.primary_key)
+    key = converted(described, described.shape.primary_key, row[:n_key])
+    rest = read_values(described, described.shape.columns[n_key:], row[n_key : len(described.shape.columns)])
+    if isinstance(rest, UnreadableValues):
+        rest.update(key)
+        return rest
+    return {**key, **rest}

@@ -51,6 +51,12 @@ class TableShape:
     key_types: tuple[str, ...]  # declared SQL type of each key column, e.g. "nvarchar(50)"
     columns: tuple[str, ...]  # published columns, primary key first
     mask_columns: tuple[str, ...] = ()  # columns decoded from SYS_CHANGE_COLUMNS (empty: no column tracking)
+    key_collations: tuple[str | None, ...] = ()  # sys.columns.collation_name of each key column (char types)
+
+    @property
+    def exact_keys(self) -> tuple[str, ...]:
+        """The key columns whose cursor value is the server's own text (``exact_text``)."""
+        return tuple(c for c, t in zip(self.primary_key, self.key_types, strict=True) if is_exact_text(t))
 
     @property
     def qualified(self) -> str:
@@ -70,6 +76,29 @@ def quote(identifier: str) -> str:
 def qualified(schema: str, name: str) -> str:
     """``[schema].[name]``: also the text handed to OBJECT_ID() as a parameter."""
     return f"{quote(schema)}.{quote(name)}"
+
+
+_COLLATION = re.compile(r"^[A-Za-z0-9_]{1,128}$")
+# Date and time types whose values a Python datetime/time cannot hold exactly
+# (100 ns; datetime's 1/300 s), and which pyodbc binds with less precision
+# than the column has (a time parameter without its fraction): a keyset cursor
+# on them holds the server's own text of the value instead, and compares with
+# it converted back in the same style (CAST and CONVERT (Transact-SQL),
+# learn.microsoft.com: style 121, "ODBC canonical (with milliseconds)",
+# yyyy-mm-dd hh:mi:ss.mmm[mmmm] [+hh:mi], with every fractional digit of the
+# column's scale; a style fixes the format whatever SET DATEFORMAT or
+# LANGUAGE the session has, which a bare CAST of a string to datetime does not).
+_EXACT_TEXT_TYPES = frozenset({"datetime2", "datetimeoffset", "time", "datetime", "smalldatetime"})
+_CHAR_TYPES = frozenset({"char", "varchar"})
+
+
+def is_exact_text(type_name: str) -> bool:
+    return type_name.split("(", 1)[0].lower() in _EXACT_TEXT_TYPES
+
+
+def exact_text(expression: str) -> str:
+    """The server's exact text of a date/time value (see ``_EXACT_TEXT_TYPES``)."""
+    return f"CONVERT(nvarchar(40), {expression}, 121)"
 
 
 def _sql_type(type_name: str) -> str:
@@ -126,7 +155,8 @@ def changes(
 
     The result columns are: the four SYS_CHANGE_* columns, ct.<pk...> (present
     for deletes too), t.<published columns...> (NULL when the row is gone),
-    then one CHANGE_TRACKING_IS_COLUMN_IN_MASK flag per ``mask_columns``.
+    then one CHANGE_TRACKING_IS_COLUMN_IN_MASK flag per ``mask_columns``, then
+    the exact text of each ``exact_keys`` column (for the cursor).
     ``SYS_CHANGE_VERSION <= upto`` keeps a row committed after the version
     read in this transaction out of this read: it comes in the next one.
     """
@@ -146,13 +176,13 @@ def changes(
             "CHANGE_TRACKING_IS_COLUMN_IN_MASK(COLUMNPROPERTY(OBJECT_ID(?), ?, 'ColumnId'), ct.SYS_CHANGE_COLUMNS)"
         )
         params += [table, column]
+    select += [exact_text(f"ct.{quote(c)}") for c in shape.exact_keys]
     join = " AND ".join(f"t.{quote(c)} = ct.{quote(c)}" for c in shape.primary_key)
     params += [since, upto]
     where = "ct.SYS_CHANGE_VERSION <= ?"
     if after is not None:
         version, key = after
-        terms: list[tuple[str, str | None]] = [("ct.SYS_CHANGE_VERSION", None)]
-        terms += [(f"ct.{quote(c)}", t) for c, t in zip(shape.primary_key, shape.key_types, strict=True)]
+        terms: list[Term] = [("ct.SYS_CHANGE_VERSION", None, None), *_key_terms("ct", shape)]
         keyset, keyset_params = _keyset_after(terms, [version, *key])
         where += f" AND {keyset}"
         params += keyset_params
@@ -167,13 +197,15 @@ def changes(
 
 
 def snapshot_page(shape: TableShape, *, limit: int, after: Sequence[Any] | None = None) -> Statement:
-    """One keyset page of the whole table, in primary-key order."""
+    """One keyset page of the whole table, in primary-key order: the published
+    columns, then the exact text of each ``exact_keys`` column (for the cursor)."""
     params: list[Any] = [limit]
-    columns = ", ".join(f"t.{quote(c)}" for c in shape.columns)
+    columns = ", ".join(
+        [f"t.{quote(c)}" for c in shape.columns] + [exact_text(f"t.{quote(c)}") for c in shape.exact_keys]
+    )
     where = ""
     if after is not None:
-        terms = [(f"t.{quote(c)}", t) for c, t in zip(shape.primary_key, shape.key_types, strict=True)]
-        keyset, keyset_params = _keyset_after(terms, list(after))
+        keyset, keyset_params = _keyset_after(_key_terms("t", shape), list(after))
         where = f" WHERE {keyset}"
         params += keyset_params
     order = ", ".join(f"t.{quote(c)}" for c in shape.primary_key)
@@ -181,14 +213,45 @@ def snapshot_page(shape: TableShape, *, limit: int, after: Sequence[Any] | None 
     return _checked(Statement(sql, tuple(params)))
 
 
-def _keyset_after(terms: Sequence[tuple[str, str | None]], values: Sequence[Any]) -> tuple[str, list[Any]]:
+Term = tuple[str, str | None, str | None]  # (expression, declared type, collation)
+
+
+def _key_terms(prefix: str, shape: TableShape) -> list[Term]:
+    collations = shape.key_collations or (None,) * len(shape.primary_key)
+    return [
+        (f"{prefix}.{quote(c)}", t, k)
+        for c, t, k in zip(shape.primary_key, shape.key_types, collations, strict=True)
+    ]
+
+
+def _key_parameter(sql_type: str | None, collation: str | None) -> str:
+    """A cursor's key value as the column's own type. Date and time values are
+    the server's text (``exact_text``), converted back in its style; char and
+    varchar values are converted to the column's code page (COLLATE on the
+    nvarchar parameter, so that the conversion to varchar uses the column's
+    collation, not the database's default code page: "Collation precedence",
+    learn.microsoft.com) and compared in its collation; any other type is cast,
+    so the comparison uses the column's ordering (the same as ORDER BY)."""
+    if sql_type is None:
+        return "?"
+    declared = _sql_type(sql_type)
+    base = declared.split("(", 1)[0]
+    if base in _EXACT_TEXT_TYPES:
+        return f"CONVERT({declared}, ?, 121)"
+    if base in _CHAR_TYPES and collation is not None:
+        if not _COLLATION.match(collation):
+            raise ValueError(f"{collation!r} is not a SQL Server collation name")
+        return f"CAST(? COLLATE {collation} AS {declared})"
+    return f"CAST(? AS {declared})"
+
+
+def _keyset_after(terms: Sequence[Term], values: Sequence[Any]) -> tuple[str, list[Any]]:
     """``(a, b, ...) > (va, vb, ...)`` spelled out for T-SQL, which has no row
-    comparison: ``(a > ? OR (a = ? AND (b > ? OR ...)))``. Key parameters are
-    cast to the column's own type, so the comparison uses the column's
-    collation and ordering (the same as ORDER BY), not nvarchar's."""
-    (expr, sql_type), *rest = terms
+    comparison: ``(a > ? OR (a = ? AND (b > ? OR ...)))``, each parameter as
+    ``_key_parameter`` has it."""
+    (expr, sql_type, collation), *rest = terms
     value, *more = values
-    placeholder = "?" if sql_type is None else f"CAST(? AS {_sql_type(sql_type)})"
+    placeholder = _key_parameter(sql_type, collation)
     if not rest:
         return f"{expr} > {placeholder}", [value]
     inner, inner_params = _keyset_after(rest, more)
@@ -208,7 +271,7 @@ def _checked(statement: Statement) -> Statement:
 
 COLUMNS = (
     "SELECT c.column_id, c.name, ut.name AS type_name, bt.name AS base_type_name, "
-    "ut.is_assembly_type, c.max_length, c.precision, c.scale, c.is_nullable, c.is_computed "
+    "ut.is_assembly_type, c.max_length, c.precision, c.scale, c.is_nullable, c.is_computed, c.collation_name "
     "FROM sys.columns AS c "
     "JOIN sys.types AS ut ON ut.user_type_id = c.user_type_id "
     "LEFT JOIN sys.types AS bt ON bt.user_type_id = c.system_type_id "

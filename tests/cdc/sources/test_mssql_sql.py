@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
 import re
 import sqlite3
 import threading
@@ -41,17 +42,21 @@ from sqlglot.tokens import TokenType
 from cdc.config import SourceConfig, TableConfig, load_config
 from cdc.errors import (
     MissingColumn,
+    PoisonChange,
     SchemaError,
     SourceUnavailable,
     TrackingExpired,
     TrackingNotEnabled,
     UnsupportedType,
 )
+from cdc.mapping import TableMapper
+from cdc.sources import mssql_held, mssql_reads
 from cdc.sources import mssql_sql as sql
 from cdc.sources.base import ChangeSource, TableInfo
 from cdc.sources.mssql import MssqlSource
 from cdc.sources.mssql_dsn import parse_dsn
 from cdc.templates import Template
+from tests.e2e import wait_for
 
 # -- sqlglot, taught CHANGETABLE and SNAPSHOT --------------------------------
 
@@ -235,6 +240,73 @@ def test_composite_keyset_is_lexicographic_and_casts_to_the_key_type() -> None:
     assert order == ["t.[a]]b]", "t.[Line]"]
 
 
+TIMED = sql.TableShape(
+    schema="dbo",
+    name="Readings",
+    primary_key=("Ts", "Code", "Id"),
+    key_types=("datetime2(7)", "varchar(20)", "int"),
+    columns=("Ts", "Code", "Id", "Value"),
+    key_collations=(None, "Latin1_General_100_CI_AS_SC_UTF8", None),
+)
+
+
+def test_date_time_and_varchar_keys_page_on_the_servers_exact_values() -> None:
+    """datetime2(7) cursors are the server's text, compared back in style 121;
+    a varchar key is converted in its column's collation, not the database's."""
+    for statement in (
+        sql.changes(TIMED, since=5, upto=9, limit=100, after=(7, ["2024-01-01 00:00:00.1234567", "é", 1])),
+        sql.snapshot_page(TIMED, limit=100, after=["2024-01-01 00:00:00.1234567", "é", 1]),
+    ):
+        tree = parse(statement)
+        assert placeholders(tree) == len(statement.params)
+        assert "CONVERT(nvarchar(40), " in statement.sql and "[Ts], 121)" in statement.sql
+        assert statement.sql.count("CONVERT(datetime2(7), ?, 121)") == 2
+        assert statement.sql.count("CAST(? COLLATE Latin1_General_100_CI_AS_SC_UTF8 AS varchar(20))") == 2
+        assert "CAST(? AS int)" in statement.sql
+    with pytest.raises(ValueError, match="collation"):
+        sql.snapshot_page(
+            dataclasses.replace(TIMED, key_collations=(None, "x]; DROP", None)), limit=1, after=["t", "c", 1]
+        )
+
+
+def test_a_cursor_holds_the_raw_key_and_the_exact_text_of_date_time_keys() -> None:
+    ts = dt.datetime(2024, 1, 1, 0, 0, 0, 123456)  # what the driver gives for .1234567
+    row = (ts, "Ab", 3, Decimal("1.5"), "2024-01-01 00:00:00.1234567")
+    assert mssql_reads.snapshot_cursor(TIMED, row) == ("2024-01-01 00:00:00.1234567", "Ab", 3)
+    change = (8, 8, "U", None, ts, "Ab", 3, ts, "Ab", 3, Decimal("1.5"), "2024-01-01 00:00:00.1234567")
+    assert mssql_reads.change_cursor(TIMED, change) == (8, ("2024-01-01 00:00:00.1234567", "Ab", 3))
+
+
+def test_many_rows_sharing_a_datetime2_value_page_through_once() -> None:
+    """The review's stall, simulated: 25 rows share one datetime2(7) value (two
+    groups differing below 1 us), pages of 4. A server-side model compares
+    keys exactly (100 ns ticks); the driver hands back microseconds. Cursors
+    built from the converted key repeat a page forever; these do not."""
+    shape = dataclasses.replace(TIMED, primary_key=("Ts", "Id"), key_types=("datetime2(7)", "int"))
+    shape = dataclasses.replace(shape, columns=("Ts", "Id"), key_collations=())
+    ticks = sorted((t, i) for t in (1234567, 1234568) for i in range(1, 13 + (t % 2)))
+
+    def text(tick: int) -> str:
+        return f"2024-01-01 00:00:00.{tick:07d}"
+
+    def server_page(after: tuple[Any, ...] | None) -> list[tuple[Any, ...]]:
+        def exact(value: Any) -> int:  # CONVERT(datetime2(7), ?, 121) of the cursor's value
+            return int(value[-7:]) if isinstance(value, str) else value.microsecond * 10
+
+        rest = [k for k in ticks if after is None or k > (exact(after[0]), after[1])]
+        return [(dt.datetime(2024, 1, 1, 0, 0, 0, t // 10), i, text(t)) for t, i in rest[:4]]
+
+    seen: list[tuple[str, int]] = []
+    after: tuple[Any, ...] | None = None
+    for _ in range(100):
+        page = server_page(after)
+        seen += [(r[2], r[1]) for r in page]
+        if len(page) < 4:
+            break
+        after = mssql_reads.snapshot_cursor(shape, page[-1])
+    assert seen == [(text(t), i) for t, i in ticks]
+
+
 def test_no_column_tracking_means_no_mask_expressions() -> None:
     shape = sql.TableShape("dbo", "T", ("Id",), ("int",), ("Id", "V"))
     statement = sql.changes(shape, since=1, upto=2, limit=3)
@@ -363,8 +435,8 @@ class FakeOdbc:
             return [self.state(n, name, min_valid) for n, name in enumerate(params)]
         if text == sql.CURRENT_VERSION.sql:
             return [(current,)]
-        if text == sql.COLUMNS:
-            return self.catalog
+        if text == sql.COLUMNS:  # with collation_name: NULL but for character columns (none here)
+            return [(*row, None) for row in self.catalog]
         if text == sql.PRIMARY_KEY:
             return self.primary_key
         if text == sql.TABLE_TRACKING:
@@ -645,7 +717,7 @@ async def test_net_operations_values_and_changed_columns(fake: FakeOdbc) -> None
             (6, 6, "I", None, 1),  # created after since=5: I
             (7, 2, "U", "Price", 2),  # created before: U, only Price changed
             (8, None, "D", None, 3),  # D stays D
-            (9, 9, "U", None, 4),  # created after since even though the op says U: I
+            (9, 9, "U", None, 4),  # deleted and inserted again after since: SQL Server says U, so U
             (9, 3, "U", None, 5),  # NULL mask: changed columns unknown
             (10, 3, "U", None, 6),  # non-D whose row is gone (deleted after): D
         ],
@@ -655,7 +727,7 @@ async def test_net_operations_values_and_changed_columns(fake: FakeOdbc) -> None
         ("I", 6, 1),
         ("U", 7, 2),
         ("D", 8, 3),
-        ("I", 9, 4),
+        ("U", 9, 4),
         ("U", 9, 5),
         ("D", 10, 6),
     ]
@@ -665,6 +737,17 @@ async def test_net_operations_values_and_changed_columns(fake: FakeOdbc) -> None
     assert rows[2].values is None and rows[5].values is None
     assert rows[4].changed_columns is None
     await source.close()
+
+
+@pytest.mark.parametrize(("reported", "op"), [("I", "I"), ("U", "U"), ("I ", "I"), ("u", "U")])
+def test_the_operation_is_the_one_sql_server_reports(reported: str, op: str) -> None:
+    """SYS_CHANGE_OPERATION decides I or U (nchar(1): a driver may pad it), not the creation version."""
+    assert mssql_reads.net_operation(reported) == op
+
+
+def test_an_unknown_operation_is_refused() -> None:
+    with pytest.raises(ValueError, match="SYS_CHANGE_OPERATION 'X'"):
+        mssql_reads.net_operation("X")
 
 
 async def test_pages_cover_every_change_once_in_version_and_key_order(fake: FakeOdbc) -> None:
@@ -1038,14 +1121,19 @@ async def test_a_read_of_a_table_changed_under_it_fails_for_that_table_only(
     await source.close()
 
 
-async def test_a_value_its_described_type_cannot_read_is_a_schema_error(fake: FakeOdbc) -> None:
-    """ALTER COLUMN Price nvarchar(20) between two fingerprint polls: the read
-    names the column instead of failing with a ValueError."""
+async def test_a_value_its_described_type_cannot_read_after_alter_column_is_a_schema_error(
+    fake: FakeOdbc,
+) -> None:
+    """ALTER COLUMN Price nvarchar(20) between two fingerprint polls (the
+    fingerprint now differs): the read names the column, and the table is
+    described again, instead of failing with a ValueError."""
     source, info = await described(fake)
     put(fake, [(1, "twelve", "x", 2), (2, "2.00", "y", 4)], [(8, 8, "I", None, 1), (9, 9, "I", None, 2)])
+    fake.fingerprint = "object 1000; shape 2 (Price nvarchar(20))"
     for limit in (10, 1):  # the whole read in one page, or a page with more to come (held open)
         with pytest.raises(
-            SchemaError, match=r"dbo\.Forecasts: column Price holds 'twelve'.*decimal\(12,2\)"
+            SchemaError,
+            match=r"dbo\.Forecasts: column Price holds 'twelve'.*decimal\(12,2\).*described again",
         ):
             await source.read_changes(info, 5, limit=limit)
         assert fake.statements()[-1] == "ROLLBACK"
@@ -1054,6 +1142,95 @@ async def test_a_value_its_described_type_cannot_read_is_a_schema_error(fake: Fa
     fake.db.execute("""UPDATE dbo."Forecasts" SET "Price" = '12.00' WHERE "Id" = 1""")
     assert len((await source.read_changes(info, 5, limit=10)).rows) == 2
     assert fake.connections == 3  # describe's, the one reader's (given back each time), the snapshot's
+    await source.close()
+
+
+async def test_a_value_its_converter_cannot_read_in_a_table_as_described_is_that_rows_poison(
+    fake: FakeOdbc,
+) -> None:
+    """The shape is the one described: the row goes to the dead letter (the
+    mapper raises PoisonChange naming table and column), the read goes on, and
+    its transaction is committed, not left open."""
+    source, info = await described(fake)
+    put(
+        fake,
+        [(1, "twelve", "x", 2), (2, "2.00", "y", 4), (3, "3.00", "z", 6)],
+        [(8, 8, "I", None, 1), (9, 9, "I", None, 2), (9, 9, "I", None, 3)],
+    )
+    mapper = TableMapper(table_config(), info, max_row_bytes=1 << 20)
+    page = await source.read_changes(info, 5, limit=2)  # the unreadable row on a page with more to come
+    assert page.more and [r.key["Id"] for r in page.rows] == [1, 2]
+    with pytest.raises(PoisonChange, match=r"dbo\.Forecasts: column Price holds 'twelve'.*dead letter"):
+        mapper.from_row(page.rows[0])
+    assert mapper.from_row(page.rows[1]) is not None
+    rest = await source.read_changes(info, 5, limit=2, upto=page.next_version, after=page.cursor)
+    assert [r.key["Id"] for r in rest.rows] == [3] and not rest.more
+    assert "ROLLBACK" not in fake.statements() and fake.statements()[-1] == "COMMIT"
+    snapshot = [row for page in [p async for p in source.snapshot(info, page_size=10)] for row in page.rows]
+    assert [row["Id"] for row in snapshot] == [1, 2, 3]
+    with pytest.raises(PoisonChange, match="column Price"):
+        mapper.from_snapshot(snapshot[0], version=10)
+    await source.close()
+
+
+async def test_a_page_that_cannot_be_decoded_gives_its_reader_back_rolled_back(fake: FakeOdbc) -> None:
+    """Whatever fails while a page is decoded, the read's transaction is not left open."""
+    source, info = await described(fake)
+    put(fake, [(i, "1.00", "s", 2) for i in range(1, 5)], [(6, 1, "X", None, i) for i in range(1, 5)])
+    with pytest.raises(ValueError, match="SYS_CHANGE_OPERATION 'X'"):
+        await source.read_changes(info, 5, limit=2)
+    assert fake.statements()[-1] == "ROLLBACK" and "COMMIT" not in fake.statements()
+    fake.db.execute("UPDATE ct_src SET SYS_CHANGE_OPERATION = 'U'")
+    assert len((await source.read_changes(info, 5, limit=10)).rows) == 4
+    assert fake.connections == 2  # the reader was given back, not lost
+    await source.close()
+
+
+async def test_a_read_cancelled_between_pages_is_rolled_back_and_its_reader_given_back(
+    fake: FakeOdbc,
+) -> None:
+    """The tracker is cancelled (shutdown, a lost lease) while it feeds a page
+    to Redis: the held SNAPSHOT transaction must not stay open (tempdb)."""
+    source, info = await described(fake)
+    put(fake, [(i, "1.00", "s", 2) for i in range(1, 5)], [(6, 1, "U", None, i) for i in range(1, 5)])
+    first_page = asyncio.Event()
+
+    async def tracker() -> None:
+        assert (await source.read_changes(info, 5, limit=2)).more
+        first_page.set()
+        await asyncio.Event().wait()  # feeding the page to Redis, until cancelled
+
+    task = asyncio.create_task(tracker())
+    await asyncio.wait_for(first_page.wait(), 5)
+    [reader] = {n for kind, n in fake.trail if kind == "CHANGES"}
+    task.cancel()
+
+    async def rolled_back() -> bool:
+        return ("ROLLBACK", reader) in fake.trail
+
+    await wait_for(rolled_back, 5, "the held read's rollback")
+    assert "COMMIT" not in fake.statements()
+    assert (await source.read_changes(info, 5, limit=10)).next_version == 10
+    assert fake.connections == 2  # the reader was given back and read again
+    await source.close()
+
+
+async def test_a_read_not_continued_in_time_is_rolled_back(
+    fake: FakeOdbc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(mssql_held, "HOLD_LIMIT", 0.05)
+    source, info = await described(fake)
+    put(fake, [(i, "1.00", "s", 2) for i in range(1, 5)], [(6, 1, "U", None, i) for i in range(1, 5)])
+    page = await source.read_changes(info, 5, limit=2)  # this task lives on, and does not continue
+
+    async def rolled_back() -> bool:
+        return fake.statements()[-1] == "ROLLBACK"
+
+    await wait_for(rolled_back, 5, "the idle held read's rollback")
+    # a late continuation still gets the rest: a new transaction from (upto, after)
+    rest = await source.read_changes(info, 5, limit=2, upto=page.next_version, after=page.cursor)
+    assert [r.key["Id"] for r in page.rows + rest.rows] == [1, 2, 3, 4]
+    assert fake.connections == 2
     await source.close()
 
 

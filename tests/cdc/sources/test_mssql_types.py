@@ -191,6 +191,13 @@ def odbc_error(kind: type[pyodbc.Error], state: str, text: str, native: int) -> 
             "Snapshot isolation transaction failed in database 'CdcDemo' because the object was modified",
         ),
         ("HY000", 40613, "Database 'CdcDemo' on server is not currently available"),
+        ("42000", 3956, "Snapshot isolation transaction failed to start: snapshot isolation is pending"),
+        ("42000", 3958, "Transaction aborted when accessing versioned row in table 'dbo.T' in database"),
+        ("42000", 3966, "Transaction is rolled back when accessing version store: the version was marked"),
+        ("42000", 3967, "Insufficient space in tempdb to hold row versions: the version store was shrunk"),
+        ("HY000", 976, "The target database, 'CdcDemo', is participating in an availability group"),
+        ("HY000", 978, "The target database is in an availability group: application intent read only"),
+        ("HY000", 983, "Unable to access availability database 'CdcDemo' because the replica is resolving"),
     ],
 )
 def test_transient_errors_are_source_unavailable(state: str, native: int, text: str) -> None:
