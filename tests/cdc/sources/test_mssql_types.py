@@ -24,6 +24,7 @@ from cdc.errors import (
     SchemaError,
     SourceError,
     SourceUnavailable,
+    TableChanged,
     TrackingNotEnabled,
     UnsupportedType,
 )
@@ -243,13 +244,13 @@ def test_other_error_numbers() -> None:
 
 # What a read or snapshot raises when the table changed under it (the texts of sys.messages).
 CHANGED_UNDER_A_READ = [
-    ("42S22", 207, "Invalid column name 'Status'.", SchemaError, "a column it reads was dropped or renamed"),
-    ("42S02", 208, "Invalid object name 'dbo.Forecasts'.", SchemaError, "dropped, or renamed"),
+    ("42S22", 207, "Invalid column name 'Status'.", TableChanged, "a column it reads was dropped or renamed"),
+    ("42S02", 208, "Invalid object name 'dbo.Forecasts'.", TableChanged, "dropped, or renamed"),
     (
         "42S02",
         4902,
         'Cannot find the object "dbo.Forecasts" because it does not exist or you do not have permissions.',
-        SchemaError,
+        TableChanged,
         "dropped, or renamed",
     ),
     (
