@@ -15,8 +15,11 @@ from cdc.sources.base import Finding
 from cdc.sources.pg_catalog import Connection
 from cdc.sources.pg_reads import read_bound
 
+# NULL when the schema does not exist. Asked before anything in the schema is
+# looked up: without USAGE, any lookup there fails ("permission denied for schema").
+_SCHEMA_USAGE = "select has_schema_privilege(oid, 'USAGE') from pg_namespace where nspname = %s"
 # NULL when the relation does not exist (the status finding says so).
-_CAN_SELECT = "select has_table_privilege(to_regclass(format('%%I.%%I', %s::text, %s::text)), 'SELECT')"
+_CAN = "select has_table_privilege(to_regclass(format('%%I.%%I', %s::text, %s::text)), %s)"
 
 _OLD_TRANSACTIONS = """
     select (select extract(epoch from max(now() - xact_start)) from pg_stat_activity
@@ -37,6 +40,14 @@ async def doctor(conn: Connection, schema: str, tables: Sequence[TableConfig]) -
 async def _table_findings(
     conn: Connection, schema: str, table_config: TableConfig, version: int
 ) -> list[Finding]:
+    missing = [name for name in dict.fromkeys((table_config.schema, schema)) if await _no_usage(conn, name)]
+    if missing:
+        grant = f"grant usage on schema {', '.join(missing)} to <the source user>"
+        return [
+            Finding(
+                "error", table_config.table, f"the source user has no USAGE on schema {missing[0]}: {grant}"
+            )
+        ]
     status = await pg_status.table_status(conn, schema, table_config, version)
     extra = {"min_valid_version": status.min_valid_version}
     findings = [Finding("ok" if status.enabled else "error", table_config.table, status.detail, extra)]
@@ -45,12 +56,32 @@ async def _table_findings(
         (table_config.schema, table_config.name, "the table"),
         (schema, net, "its tracking"),
     ):
-        row = await (await conn.execute(_CAN_SELECT, [relation_schema, name])).fetchone()
-        if row is not None and row[0] is False:
+        if await _lacks(conn, relation_schema, name, "SELECT"):
             findings.append(
                 Finding("error", table_config.table, f"the source user cannot SELECT from {what}")
             )
+    if await _lacks(conn, schema, net, "DELETE") or await _lacks(conn, schema, "tracked_tables", "UPDATE"):
+        findings.append(
+            Finding(
+                "warning",
+                table_config.table,
+                f"the retention cleanup will fail: the source user may not remove old entries of "
+                f"{schema}.{net} nor change {schema}.tracked_tables (grant it the DELETE privilege on the "
+                f"one and UPDATE on the other), or make source.cleanup_interval 0 and run "
+                f"{schema}.cleanup(...) as the tables' owner: else the tracking tables grow without bound",
+            )
+        )
     return findings
+
+
+async def _no_usage(conn: Connection, schema: str) -> bool:
+    row = await (await conn.execute(_SCHEMA_USAGE, [schema])).fetchone()
+    return row is not None and row[0] is False
+
+
+async def _lacks(conn: Connection, schema: str, name: str, privilege: str) -> bool:
+    row = await (await conn.execute(_CAN, [schema, name, privilege])).fetchone()
+    return row is not None and row[0] is False
 
 
 async def _durability_findings(conn: Connection) -> list[Finding]:

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from cdc.config import SourceConfig
 from cdc.devservers import free_port
@@ -651,3 +652,40 @@ async def test_keys_of_types_with_operators_outside_pg_catalog(pg: PostgresHarne
     rows, _ = await read_all(pg.source, info, since)
 
     assert sorted((r.op, r.key["tag"]) for r in rows) == [("D", "blue"), ("I", "Red"), ("I", "green")]
+
+
+async def test_doctor_names_the_privileges_a_least_privileged_role_lacks(pg: PostgresHarness) -> None:
+    """A role that may only connect gets findings, not an error: USAGE on the
+    schemas first; a role that may read but not clean up is warned that the
+    tracking tables would grow without bound."""
+    await tracked(pg)
+    items = make_table_config(pg.schema, "items")
+    role = f"doctor_{pg.schema}"
+    await pg.admin.execute(sql.SQL("create role {} login").format(sql.Identifier(role)))
+    config = SourceConfig(
+        kind="postgres", dsn=make_conninfo(pg.dsn, user=role), tracking_schema=pg.tracking_schema
+    )
+    source = PostgresSource(config)
+    await source.connect()
+    try:
+        findings = await source.doctor([items])
+        usage = [f for f in findings if f.subject == items.table]
+        assert [f.level for f in usage] == ["error"] and "no USAGE on schema" in usage[0].message
+
+        for statement in (
+            "grant usage on schema {s}, {t} to {r}",
+            "grant select on all tables in schema {s}, {t} to {r}",
+        ):
+            await pg.admin.execute(
+                sql.SQL(statement).format(
+                    s=sql.Identifier(pg.schema), t=sql.Identifier(pg.tracking_schema), r=sql.Identifier(role)
+                )
+            )
+        findings = await source.doctor([items])
+        levels = {(f.level, f.message.split(":")[0]) for f in findings if f.subject == items.table}
+        assert ("warning", "the retention cleanup will fail") in levels
+        assert not any(f.level == "error" for f in findings if f.subject == items.table)
+    finally:
+        await source.close()
+        await pg.admin.execute(sql.SQL("drop owned by {}").format(sql.Identifier(role)))
+        await pg.admin.execute(sql.SQL("drop role {}").format(sql.Identifier(role)))
