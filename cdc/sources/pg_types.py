@@ -30,6 +30,10 @@ column (``cdc.values``), while the other rows flow.
 Sessions run with ``TimeZone = UTC`` (``timestamptz`` values carry ``+00:00``),
 ``DateStyle = ISO``, ``extra_float_digits = 1`` (floats printed exactly) and
 ``client_encoding = UTF8`` (JSON text is UTF-8), whatever the server's defaults.
+A ``SQL_ASCII`` database stores any bytes, which the server will not convert
+to UTF8 (one such value would fail the whole read): its sessions keep
+``SQL_ASCII``, and every text is decoded here, a value that is not UTF-8
+becoming ``Unreadable`` (``Utf8TextLoader``).
 """
 
 from __future__ import annotations
@@ -80,8 +84,10 @@ def check_published(table_config: TableConfig, found: CatalogTable) -> None:
 _PREPARE = """
 select set_config('TimeZone', 'UTC', false), set_config('IntervalStyle', 'iso_8601', false),
        set_config('DateStyle', 'ISO', false), set_config('extra_float_digits', '1', false),
-       set_config('client_encoding', 'UTF8', false), set_config('statement_timeout', %s, false),
-       scale(1::money::numeric)
+       set_config('statement_timeout', %s, false), scale(1::money::numeric),
+       set_config('client_encoding', case current_setting('server_encoding')
+                                     when 'SQL_ASCII' then 'SQL_ASCII' else 'UTF8' end, false),
+       current_setting('server_encoding') = 'SQL_ASCII'
 """
 
 # The types loaded by oid: every array type with its element's loader oid (a
@@ -113,7 +119,9 @@ async def prepare_session(conn: Connection, statement_timeout: float) -> None:
     adapters = conn.adapters
     for name, loader in _BY_NAME.items():
         adapters.register_loader(name, loader)
-    adapters.register_loader("money", _money_loader(row[-1]))
+    adapters.register_loader("money", _money_loader(row[-3]))
+    if row[-1]:  # SQL_ASCII
+        _decode_any_bytes(conn)
     await _register_catalog_types(conn)
     adapters.register_dumper(IsoText, SourceTextDumper)
     adapters.register_dumper(Money, SourceTextDumper)
@@ -142,6 +150,15 @@ async def _register_catalog_types(conn: Connection) -> None:
             conn.adapters.register_loader(oid, SafeHstoreLoader)
         else:
             conn.adapters.register_loader(oid, _array_loader(element, delimiter.encode()))
+
+
+def _decode_any_bytes(conn: Connection) -> None:
+    """A SQL_ASCII session: psycopg would return text as bytes; decode it here."""
+    for name in _TEXT_TYPES:
+        conn.adapters.register_loader(name, Utf8TextLoader)
+    conn.adapters.register_loader(0, Utf8TextLoader)  # every type psycopg does not know
+    conn.adapters.register_loader("json", Utf8RawJsonLoader)
+    conn.adapters.register_loader("jsonb", Utf8RawJsonLoader)
 
 
 def _driver_loader(type_name: str) -> type[abc.Loader]:
@@ -284,6 +301,36 @@ def _lone_surrogate(text: bytes) -> str | None:
     return None
 
 
+class Utf8TextLoader(Loader):
+    """Text from a SQL_ASCII database, which stores any bytes: UTF-8, or Unreadable."""
+
+    def load(self, data: Buffer) -> str | Unreadable:
+        raw = bytes(data)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return _not_utf8(raw, exc)
+
+
+class Utf8RawJsonLoader(RawJsonLoader):
+    """JSON text from a SQL_ASCII database: checked to be UTF-8 first."""
+
+    def load(self, data: Buffer) -> RawJson | Unreadable:
+        raw = bytes(data)
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return _not_utf8(raw, exc)
+        return super().load(raw)
+
+
+def _not_utf8(raw: bytes, error: UnicodeDecodeError) -> Unreadable:
+    return Unreadable(
+        f"text {_cut(raw.decode('utf-8', 'replace'))} is not UTF-8 (byte {error.start}: {error.reason}); "
+        "the database's encoding is SQL_ASCII, which stores any bytes: correct the value, or store bytes as bytea"
+    )
+
+
 class IsoIntervalLoader(Loader):
     """An interval as the server prints it under IntervalStyle iso_8601:
     psycopg's ``timedelta`` would turn a month into 30 days."""
@@ -368,7 +415,16 @@ def _cut(text: str, limit: int = 80) -> str:
 
 
 _TEXT = _driver_loader("text")
+_RANGES = tuple(
+    f"{kind}{shape}"
+    for kind in ("int4", "int8", "num", "ts", "tstz", "date")
+    for shape in ("range", "multirange")
+)
 _INT = _driver_loader("int8")
+
+# The types psycopg loads with its text loader (as bytes, in a SQL_ASCII
+# session), and those loaded with it here.
+_TEXT_TYPES = ("text", "varchar", "bpchar", "name", '"char"', "inet", "cidr", *_RANGES)
 
 # Loaders by type name, on top of psycopg's; the array types, money and hstore
 # are registered by oid.
@@ -387,14 +443,7 @@ _BY_NAME: dict[str, type[abc.Loader]] = {
     "cid": _INT,
     # the server's text, not psycopg's objects (ipaddress, Range) that JSON cannot hold
     **dict.fromkeys(("inet", "cidr"), _TEXT),
-    **dict.fromkeys(
-        (
-            f"{kind}{shape}"
-            for kind in ("int4", "int8", "num", "ts", "tstz", "date")
-            for shape in ("range", "multirange")
-        ),
-        _TEXT,
-    ),
+    **dict.fromkeys(_RANGES, _TEXT),
 }
 
 

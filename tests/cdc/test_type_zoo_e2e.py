@@ -122,7 +122,11 @@ async def test_a_running_sidecar_mirrors_the_type_zoo_exactly_and_dead_letters_t
         for first in (1, 101):  # by the snapshot, then as changes
             for i, (name, case) in enumerate(DEAD.items()):
                 letter = letters[str(first + i)]
-                assert (letter["table"], letter["partition"], letter["section"]) == (f"{s}.dead", "dead", "dead")
+                assert (letter["table"], letter["partition"], letter["section"]) == (
+                    f"{s}.dead",
+                    "dead",
+                    "dead",
+                )
                 assert letter["reason"].startswith(f"column {name}: ") and case.reason in letter["reason"]
         assert set(await client.smembers(layout.index("dead", "dead"))) == {b"0", b"999"}
         assert daemon.healthz()[0] and not task.done()
@@ -185,7 +189,8 @@ async def test_validate_and_tracking_enable_refuse_a_column_that_cannot_be_mirro
         assert "Traceback" not in output
     assert not await _installed(postgres_dsn, f"{s}_trk")
     path.write_text(
-        config_text(postgres_dsn, redis_url, namespace, s, {"refs": "    columns: [note]\n"}), encoding="utf-8"
+        config_text(postgres_dsn, redis_url, namespace, s, {"refs": "    columns: [note]\n"}),
+        encoding="utf-8",
     )
     assert cdc("tracking", "enable", "-c", str(path)).returncode == 0
     assert await _installed(postgres_dsn, f"{s}_trk")
@@ -193,5 +198,7 @@ async def test_validate_and_tracking_enable_refuse_a_column_that_cannot_be_mirro
 
 async def _installed(dsn: str, tracking_schema: str) -> Any:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        row = await (await conn.execute("select to_regnamespace(%s) is not null", [tracking_schema])).fetchone()
+        row = await (
+            await conn.execute("select to_regnamespace(%s) is not null", [tracking_schema])
+        ).fetchone()
     return row is not None and row[0]

@@ -10,17 +10,20 @@ The sidecar end to end over the same zoo is tests/cdc/test_type_zoo_e2e.py.
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
-from cdc.config import TableConfig
+from cdc.config import SourceConfig, TableConfig
 from cdc.errors import PoisonChange, UnsupportedType
 from cdc.mapping import TableMapper
 from cdc.sources.pg_types import MoneyLoader, RawJsonLoader, iso_datetime, iso_time
+from cdc.sources.postgres import PostgresSource
 from cdc.values import RawJson, Unreadable, encode_value
 from tests.cdc.pg_type_zoo import DEAD, EXTENSION_ZOO, EXTENSIONS, SETUP, ZOO, Case, quoted
 from tests.contract.harness import PostgresHarness, make_table_config, read_all
@@ -314,3 +317,55 @@ def test_json_escaping_half_a_surrogate_pair_is_unreadable(text: bytes, lone: st
         assert loaded == RawJson(text)
     else:
         assert isinstance(loaded, Unreadable) and f"({lone})" in loaded.reason
+
+
+# -- a SQL_ASCII database: any bytes, and only UTF-8 can be mirrored ---------------------------
+
+
+@pytest.fixture
+async def ascii_dsn(postgres_dsn: str) -> AsyncIterator[str]:
+    """A database created with encoding SQL_ASCII, which stores any bytes as text."""
+    name = "ascii_" + uuid.uuid4().hex[:8]
+    async with await psycopg.AsyncConnection.connect(postgres_dsn, autocommit=True) as admin:
+        try:
+            await admin.execute(
+                sql.SQL(
+                    "create database {} encoding 'SQL_ASCII' template template0 lc_collate 'C' lc_ctype 'C'"
+                ).format(sql.Identifier(name))
+            )
+        except psycopg.Error as exc:
+            pytest.skip(f"cannot create a SQL_ASCII database here: {exc}")
+        try:
+            yield make_conninfo(postgres_dsn, dbname=name)
+        finally:
+            await admin.execute(sql.SQL("drop database {} with (force)").format(sql.Identifier(name)))
+
+
+async def test_text_that_is_not_utf8_in_a_sql_ascii_database_dead_letters_its_row(ascii_dsn: str) -> None:
+    """The server will not convert such bytes to UTF8 (one would fail the whole
+    read), so the session stays SQL_ASCII and each text is decoded alone."""
+    async with await psycopg.AsyncConnection.connect(ascii_dsn, autocommit=True) as conn:
+        await conn.execute("create table t (id int primary key, note text, tags text[], doc json)")
+        await conn.execute(
+            "insert into t values (1, 'ok', '{a}', '[1]'), (3, 'fine', '{b}', '{\"k\": 2}'),"
+            " (2, convert_from('\\xff41'::bytea, 'SQL_ASCII'), null, null),"
+            " (4, null, array[convert_from('\\xfe'::bytea, 'SQL_ASCII')], null),"
+            " (5, null, null, convert_from('\\x22c322'::bytea, 'SQL_ASCII')::json)"
+        )
+    table = make_table_config("public", "t")
+    source = PostgresSource(SourceConfig(kind="postgres", dsn=ascii_dsn, tracking_schema="cdc_trk"))
+    await source.connect()
+    try:
+        info = await source.describe(table)
+        mapper = TableMapper(table, info, max_row_bytes=1 << 20)
+        rows = [row async for page in source.snapshot(info, page_size=2) for row in page.rows]
+    finally:
+        await source.close()
+
+    encoded = {row["id"]: mapper.encode(row, row) for row in rows if row["id"] in (1, 3)}
+    assert encoded[1] == {"id": b"1", "note": b'"ok"', "tags": b'["a"]', "doc": b"[1]"}
+    assert encoded[3]["doc"] == b'{"k": 2}'
+    for key, column in ((2, "note"), (4, "tags"), (5, "doc")):
+        [row] = [r for r in rows if r["id"] == key]
+        with pytest.raises(PoisonChange, match=rf"^column {column}: text .* is not UTF-8 .*SQL_ASCII"):
+            mapper.encode(row, row)
