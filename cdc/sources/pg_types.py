@@ -116,11 +116,12 @@ async def prepare_session(conn: Connection, statement_timeout: float) -> None:
     """Session settings, loaders and dumpers that every connection of the source uses."""
     row = await (await conn.execute(_PREPARE, [f"{int(statement_timeout * 1000)}ms"])).fetchone()
     assert row is not None
+    *_, money_scale, _, sql_ascii = row
     adapters = conn.adapters
     for name, loader in _BY_NAME.items():
         adapters.register_loader(name, loader)
-    adapters.register_loader("money", _money_loader(row[-3]))
-    if row[-1]:  # SQL_ASCII
+    adapters.register_loader("money", _money_loader(money_scale))
+    if sql_ascii:
         _decode_any_bytes(conn)
     await _register_catalog_types(conn)
     adapters.register_dumper(IsoText, SourceTextDumper)
