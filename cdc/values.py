@@ -3,10 +3,21 @@
 Sources return native Python values; this module is the one place that turns
 them into the JSON text stored in Redis and spliced into change messages:
 
-- integers and floats are JSON numbers; NaN and Infinity are rejected
-- decimals are strings (lossless: ``Decimal("12.50")`` -> ``"12.50"``)
+- integers and floats are JSON numbers; float NaN and Infinity are rejected
+- decimals are strings (lossless: ``Decimal("12.50")`` -> ``"12.50"``); a
+  decimal NaN or Infinity (PostgreSQL numeric has them) is ``"NaN"``,
+  ``"Infinity"``, ``"-Infinity"``
 - date/time values are ISO 8601 strings; intervals ISO 8601 durations
 - binary is base64; UUIDs lowercase strings; JSON columns nested values
+
+Two wrappers let a source say more than a Python value can (docs/TYPES.md):
+
+- ``RawJson``: JSON text the database wrote (a json/jsonb column), spliced
+  into the document as it is. Never parsed, so no number loses a digit to a
+  float and no nesting depth meets a recursion limit.
+- ``Unreadable``: a value the source could not load, with why. Encoding it
+  raises ``PoisonChange`` naming the column: that row goes to the dead letter,
+  and the rows around it flow (a driver's error would have failed the read).
 
 A value that cannot be encoded raises ``PoisonChange`` naming the column, so
 the change goes to the dead letter with that reason.
@@ -25,6 +36,54 @@ from typing import Any
 import orjson
 
 from cdc.errors import PoisonChange
+
+
+class RawJson:
+    """A JSON value as the source's own JSON text (UTF-8), which the source
+    vouches is valid JSON. Its encoding is that text, byte for byte; inside an
+    array it is spliced the same way. ``str()`` is the text (a JSON key column
+    reads so in a document key).
+
+    A plain class, not a dataclass: orjson would write a dataclass as an object."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: bytes) -> None:
+        self.text = text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RawJson) and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+    def __str__(self) -> str:
+        return self.text.decode()
+
+    def __repr__(self) -> str:
+        return f"RawJson({self.text!r})"
+
+
+class Unreadable:
+    """A value the source could not load: encoding it raises ``PoisonChange``
+    with ``reason`` (which says what the value is and why), naming the column.
+
+    A source's loader returns one instead of raising, so that one odd value
+    dead-letters its row instead of failing the whole read."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Unreadable) and other.reason == self.reason
+
+    def __hash__(self) -> int:
+        return hash(self.reason)
+
+    def __repr__(self) -> str:
+        return f"Unreadable({self.reason!r})"
 
 
 def encode_value(value: Any, column: str = "?") -> bytes:
@@ -59,9 +118,18 @@ def _float(value: float) -> bytes | None:
     return b"%b" % orjson.dumps(value) if math.isfinite(value) else None  # None: the general path raises
 
 
-def _decimal(value: Decimal) -> bytes | None:
+def _decimal(value: Decimal) -> bytes:
     # the general path's text of it (digits, '.', '-' and the like: nothing to escape)
-    return b'"%b"' % _plain(value, "?").encode() if value.is_finite() else None
+    return b'"%b"' % _decimal_text(value).encode()
+
+
+def _decimal_text(value: Decimal) -> str:
+    """Fixed point, every digit; NaN and Infinity as PostgreSQL spells them."""
+    if value.is_finite():
+        return format(value, "f")
+    if value.is_nan():
+        return "NaN"  # PostgreSQL has one NaN: no sign, never signalling
+    return "-Infinity" if value < 0 else "Infinity"
 
 
 def _datetime(value: dt.datetime) -> bytes:
@@ -93,6 +161,7 @@ SHORTCUTS: dict[type, Callable[[Any], bytes | None]] = {
     dt.datetime: _datetime,
     dict: _json,
     list: _json,
+    RawJson: lambda value: value.text,
 }
 
 
@@ -112,9 +181,11 @@ def _plain(value: Any, column: str) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         raise PoisonChange(f"column {column}: {value} cannot be represented in JSON")
     if isinstance(value, Decimal):
-        if not value.is_finite():
-            raise PoisonChange(f"column {column}: decimal {value} cannot be represented in JSON")
-        return format(value, "f")
+        return _decimal_text(value)
+    if isinstance(value, RawJson):
+        return orjson.Fragment(value.text)
+    if isinstance(value, Unreadable):
+        raise PoisonChange(f"column {column}: {value.reason}")
     if isinstance(value, dt.time):
         # orjson refuses an aware time, and (3.13) writes 00:00:00.010000 as 00:00:00.10000
         return value.isoformat()
@@ -141,7 +212,7 @@ def _default(value: Any) -> Any:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return base64.b64encode(bytes(value)).decode("ascii")
     if isinstance(value, Decimal):
-        return format(value, "f")
+        return _decimal_text(value)
     if isinstance(value, dt.timedelta):
         return iso_duration(value)
     if isinstance(value, uuid.UUID):

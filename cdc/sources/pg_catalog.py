@@ -5,17 +5,21 @@ the config are case-sensitive identifiers, the same as when they are quoted
 in SQL (``public.Orders`` is not ``public.orders``). The primary key comes in
 key order, the columns in table order, each with the base type its values
 are loaded as (domains and array elements resolved), which is what decides
-whether the column can be published.
+whether the column can be published: nearly every type can (docs/TYPES.md);
+the ``reg*`` types cannot (``REFERENCE_TYPES``), and such a column carries the
+reason and the fix in ``refused``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import psycopg
 from psycopg.rows import TupleRow
 
 from cdc.errors import SchemaError
+from cdc.sources import pg_types
 
 Connection = psycopg.AsyncConnection[TupleRow]
 
@@ -27,7 +31,7 @@ class CatalogColumn:
     not_null: bool
     base_type: str  # pg_type.typname after resolving a domain and an array's element
     is_enum: bool
-    custom_array: bool  # an array of a type not built in (enum, domain, extension): unknown to the driver
+    refused: str = ""  # why the column cannot be published, and the fix; empty when it can
 
 
 @dataclass(frozen=True)
@@ -63,9 +67,10 @@ _PRIMARY_KEY = """
 
 # Resolve, in order: a domain to its base type (results carry the base type's
 # oid), an array to its element, and a domain element to its base type.
+# Then the oid values arrive with (a domain's base type's), and whether it is an array.
 _COLUMNS = """
     select a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, b.typname, b.typtype = 'e',
-           d.typcategory = 'A' and e.oid >= 16384  -- FirstNormalObjectId: not built in
+           d.oid, d.typoutput = 'array_out'::regproc
     from pg_attribute a
     join pg_type t on t.oid = a.atttypid
     join pg_type d on d.oid = case when t.typtype = 'd' then t.typbasetype else t.oid end
@@ -84,13 +89,45 @@ async def find_table(conn: Connection, schema: str, name: str) -> CatalogTable |
     oid, partitioned = found
     key = await (await conn.execute(_PRIMARY_KEY, [oid])).fetchall()
     columns = await (await conn.execute(_COLUMNS, [oid])).fetchall()
+    await pg_types.ensure_loaders(conn, [(row[5], row[6], row[3]) for row in columns])
     return CatalogTable(
         oid=oid,
         schema=schema,
         name=name,
         primary_key=tuple(row[0] for row in key),
-        columns=tuple(CatalogColumn(*row) for row in columns),
+        columns=checked([CatalogColumn(*row[:5]) for row in columns]),
         partitioned=bool(partitioned),
+    )
+
+
+# A value of these types reads as the current name of the catalog object it
+# refers to (a table, a type, a function...). A rename or a drop changes that
+# name without changing the row: nothing would carry the new text to the
+# mirror, which would go stale without anyone knowing.
+REFERENCE_TYPES = frozenset(
+    {
+        "regclass", "regcollation", "regconfig", "regdictionary", "regnamespace", "regoper",
+        "regoperator", "regproc", "regprocedure", "regrole", "regtype",
+    }
+)  # fmt: skip
+
+
+def checked(columns: Sequence[CatalogColumn]) -> tuple[CatalogColumn, ...]:
+    """The columns, those that cannot be published with the reason and the fix
+    (``refused``), which lists the table's columns that can."""
+    publishable = [c.name for c in columns if c.base_type not in REFERENCE_TYPES]
+    return tuple(
+        replace(c, refused=_refusal(c, publishable)) if c.base_type in REFERENCE_TYPES else c for c in columns
+    )
+
+
+def _refusal(column: CatalogColumn, publishable: Sequence[str]) -> str:
+    return (
+        f"type {column.type_name} cannot be mirrored: a {column.base_type} value reads as the current "
+        "name of the object it refers to, which a rename or a drop changes without changing the row, "
+        "so the mirror would go stale. Leave the column out: list the table's other columns in the "
+        f"config's columns: [{', '.join(publishable)}]; or store the object's oid (type oid) or its "
+        "name (type text) instead"
     )
 
 

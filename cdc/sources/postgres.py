@@ -56,7 +56,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from cdc.config import SourceConfig, TableConfig
-from cdc.sources import pg_catalog, pg_doctor, pg_reads, pg_shape, pg_status, pg_tracking
+from cdc.sources import pg_catalog, pg_doctor, pg_reads, pg_shape, pg_status, pg_tracking, pg_types
 from cdc.sources.base import (
     ChangePage,
     Cursor,
@@ -258,6 +258,7 @@ class PostgresSource:
                     raise await pg_catalog.missing_table(
                         conn, table_config.schema, table_config.name, renamed
                     )
+                pg_types.check_published(table_config, found)  # raising rolls back all of it
                 done.append(await pg_tracking.enable_table(conn, self._schema, found))
         return done
 

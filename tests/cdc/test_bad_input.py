@@ -173,14 +173,15 @@ async def test_a_table_without_a_primary_key_or_without_tracking(
 async def test_an_unsupported_column_type(
     command: list[str], postgres_dsn: str, redis_url: str, namespace: str, pg_schema: str, tmp_path: Path
 ) -> None:
-    await sql(postgres_dsn, f"create table {pg_schema}.geo (id int primary key, at point, name text)")
+    # nearly every type is mirrored (docs/TYPES.md); a reg* value is a name that goes stale
+    await sql(postgres_dsn, f"create table {pg_schema}.geo (id int primary key, at regclass, name text)")
     path = tmp_path / "t.yaml"
     path.write_text(
         config_text(postgres_dsn, redis_url, namespace, pg_schema, f"  - table: {pg_schema}.geo\n")
     )
     result = cdc(*command, "-c", str(path))
     assert result.returncode == 2
-    assert f"{pg_schema}.geo.at: type point has no lossless JSON mapping" in result.stdout + result.stderr
+    assert f"{pg_schema}.geo.at: type regclass cannot be mirrored" in result.stdout + result.stderr
     assert await no_keys(redis_url, namespace)
 
 

@@ -26,14 +26,12 @@ from cdc.errors import (
     SourceUnavailable,
     TrackingExpired,
     TrackingNotEnabled,
-    UnsupportedType,
 )
 from cdc.sources import make_source
 from cdc.sources.base import ChangeSource, TableInfo
 from cdc.sources.pg_dsn import redact_dsn, scrub
 from cdc.sources.pg_tracking import net_table_name, trigger_names
 from cdc.sources.postgres import PostgresSource
-from cdc.values import encode_value
 from tests.contract.harness import PostgresHarness, PostgresWriter, Replica, make_table_config, read_all
 
 ITEMS = {"id": "int", "n": "int", "note": "text"}
@@ -185,38 +183,6 @@ async def test_tables_that_cannot_be_tracked_are_refused(pg: PostgresHarness) ->
         await pg.source.describe(make_table_config(pg.schema, "orders"))
     with pytest.raises(SchemaError, match="no such table"):
         await pg.source.tracking_enable([make_table_config(pg.schema, "orders")])
-
-
-async def test_types_without_a_lossless_mapping_are_refused_by_name(pg: PostgresHarness) -> None:
-    columns = {"id": "int", "p": "point", "m": "money", "tz": "timetz", "ok": "text"}
-    await pg.create_table("odd", columns, ["id"], track=False)
-    for column in ("p", "m", "tz"):
-        with pytest.raises(UnsupportedType, match=rf"odd\.{column}: type"):
-            await pg.source.describe(make_table_config(pg.schema, "odd", [column]))
-    assert (await pg.source.describe(make_table_config(pg.schema, "odd", ["ok"]))).column_names == (
-        "id",
-        "ok",
-    )
-
-
-async def test_enums_and_domains_are_published_but_not_arrays_of_them(pg: PostgresHarness) -> None:
-    await execute(pg, "create type {s}.mood as enum ('sad', 'happy')")
-    await execute(pg, "create domain {s}.price as numeric(8,2) check (value >= 0)")
-    await execute(pg, "create domain {s}.ints as int[]")
-    s = f'"{pg.schema}"'
-    columns = {"id": "int", "m": f"{s}.mood", "p": f"{s}.price", "i": f"{s}.ints", "ms": f"{s}.mood[]"}
-    table = await pg.create_table("typed", columns, ["id"])
-    info = await pg.source.describe(make_table_config(pg.schema, "typed", ["m", "p", "i"]))
-    since = await pg.source.current_version()
-    await pg.insert_literals(table, {"id": "1", "m": "'happy'", "p": "'1.50'", "i": "'{1,2}'"})
-
-    rows, _ = await read_all(pg.source, info, since)
-
-    assert rows[0].values is not None
-    encoded = {c: encode_value(v) for c, v in rows[0].values.items()}
-    assert encoded == {"id": b"1", "m": b'"happy"', "p": b'"1.50"', "i": b"[1,2]"}
-    with pytest.raises(UnsupportedType, match=r"typed\.ms: .* array of a type that is not built in"):
-        await pg.source.describe(table)
 
 
 # -- versions are transaction ids ----------------------------------------------
