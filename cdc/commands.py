@@ -396,7 +396,9 @@ async def subscribe(config: Config, partition: str, section: str | None, from_se
 
     manager = await DataManager.connect(config.redis)
     try:
-        subscriber = Subscriber(manager.client, config.redis.namespace, partition, section, from_seq)
+        subscriber = Subscriber(
+            manager.client, config.redis.namespace, partition, section, from_seq, on_reload=_reloaded
+        )
         async for message in subscriber:
             _print(orjson.dumps(message).decode())
     except (KeyboardInterrupt, asyncio.CancelledError):
@@ -404,6 +406,15 @@ async def subscribe(config: Config, partition: str, section: str | None, from_se
     finally:
         await manager.close()
     return 0
+
+
+def _reloaded(seq: int) -> None:
+    """Said on stderr (stdout stays JSON lines): the messages before ``seq`` are lost to this reader."""
+    sys.stderr.write(
+        f"cdc subscribe: reloaded at seq {seq}: the partition's stream no longer holds the messages this "
+        "subscriber missed (trimmed, or Redis lost its data); messages go on from there\n"
+    )
+    sys.stderr.flush()
 
 
 # -- doctor --------------------------------------------------------------------
