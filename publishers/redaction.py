@@ -343,7 +343,7 @@ def for_display(value: str) -> str:
     """A connection string (URL or DSN of any syntax) with its passwords
     replaced by ``***``, never re-encoded or re-parsed (a misread URL would
     show their pieces as a host or a port)."""
-    return scrub(mask_passwords(_mask_userinfo(value)), secrets_in(value))
+    return mask_passwords(scrub(_mask_userinfo(value), secrets_in(value)))
 
 
 def scrub_url(text: str, url: str) -> str:

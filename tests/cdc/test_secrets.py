@@ -44,6 +44,7 @@ from cdc.devservers import PostgresServer, RedisServer, ServerUnavailable, free_
 from cdc.errors import CdcError
 from cdc.logs import JsonFormatter, TextFormatter
 from cdc.sources import make_source
+from cdc.sources.pg_dsn import dsn_problem, redact_dsn
 from publishers import redaction
 from publishers.manager import DataManager
 from publishers.settings import RedisConfig
@@ -65,14 +66,12 @@ RIGHT_PASSWORD = "Right-pw-1"  # what the servers that check passwords accept fr
 
 def pieces(password: str) -> set[str]:
     """The password and each piece of it of 4 characters or more, as typed,
-    percent-encoded and JSON-escaped, that holds a rare character."""
-    forms = {password, quote(password, safe=""), json.dumps(password, ensure_ascii=False)[1:-1]}
+    percent-encoded and JSON-escaped."""
+    raw = {password[i:j] for i in range(len(password)) for j in range(i + 4, len(password) + 1)}
     return {
-        form[i:j]
-        for form in forms
-        for i in range(len(form))
-        for j in range(i + 4, len(form) + 1)
-        if any(c in RARE or ord(c) > 127 for c in form[i:j])
+        form
+        for piece in raw
+        for form in (piece, quote(piece, safe=""), json.dumps(piece, ensure_ascii=False)[1:-1])
     }
 
 
@@ -208,17 +207,17 @@ def redis_settings(form: str, password: str, host_port: str) -> str:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(password=passwords, form=st.sampled_from(REDIS_FORMS), refusing=st.booleans())
-@example(password=ISSUE_PASSWORD, form="url", refusing=True)
-@example(password=ISSUE_PASSWORD, form="unix", refusing=False)
+@given(password=passwords, form=st.sampled_from(REDIS_FORMS), refusing=st.booleans(), cluster=st.booleans())
+@example(password=ISSUE_PASSWORD, form="url", refusing=True, cluster=False)
+@example(password=ISSUE_PASSWORD, form="unix", refusing=False, cluster=False)
 async def test_redis_connect_errors_never_hold_the_password(
-    checking_redis: RedisServer, password: str, form: str, refusing: bool
+    checking_redis: RedisServer, password: str, form: str, refusing: bool, cluster: bool
 ) -> None:
     # (a TLS handshake with a server that speaks plain RESP waits out the connect timeout)
     host_port = f"127.0.0.1:{checking_redis.port}" if refusing and form != "tls" else closed_port()
     url = redis_settings(form, password, host_port)
     with pytest.raises(CdcError) as raised:
-        manager = await DataManager.connect(RedisConfig(url=url))
+        manager = await DataManager.connect(RedisConfig(url=url, cluster=cluster))
         await manager.close()
     assert_no_leak(str(raised.value), password)
     assert raised.value.exit_code == 3, str(raised.value)
@@ -266,6 +265,38 @@ def test_log_lines_never_hold_a_remembered_password(
     record.error = f"connect {password} refused"
     for formatter in (JsonFormatter(), TextFormatter()):
         assert_no_leak(formatter.format(record), password)
+
+
+@pytest.mark.parametrize(
+    ("dsn", "password", "problem"),
+    [
+        ("postgresql://u:Qb/cZ@eX@h:5432/db", "Qb/cZ@eX", "percent-encoded"),  # read as host u, port Qb
+        (
+            "postgresql://u:91/QZ@h:5432/db",
+            "91/QZ",
+            "percent-encoded",
+        ),  # a port that parses, the rest in dbname
+        ("postgresql://u:Q@Z@h/db", "Q@Z", "percent-encoded"),  # read as host Z@h
+        ("postgresql://u:Q Z@h/db", "Q Z", "percent-encoded"),  # libpq refuses the space
+        ("postgresql://u:Q%ZZ@h/db", "Q%ZZ", "percent-encoded"),  # and a '%' that escapes nothing
+        ("host=h password=QZ XJ dbname=d", "QZ XJ", "single quotes"),
+        ("redis://u:QZXJ@h/0", "QZXJ", "swapped"),
+        ("postgresql://u:Q%2FZ%40X@h/db", "Q/Z@X", None),
+        ("host=h password='QZ XJ' dbname=d", "QZ XJ", None),
+        ("postgresql://u:QZXJ@h/db?sslrootcert=/x@y", "QZXJ", None),  # a '@' in the query is no password's
+        ("postgresql://u@h/my@db", "", None),
+    ],
+)
+def test_a_dsn_libpq_misreads_is_named_with_its_fix(dsn: str, password: str, problem: str | None) -> None:
+    """Named without quoting the password, nor any piece of it (even the 2
+    characters libpq read as a port)."""
+    found = dsn_problem(dsn)
+    assert (found is None) == (problem is None), found
+    if problem is not None:
+        assert found is not None and problem in found
+    for shown in (found or "", redact_dsn(dsn)):
+        for piece in {password[i : i + 2] for i in range(len(password) - 1)}:
+            assert piece not in shown, shown
 
 
 # -- the command line --------------------------------------------------------------------

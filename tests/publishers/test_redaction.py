@@ -103,6 +103,30 @@ def test_secrets_are_found_in_values_that_do_not_parse(value: str, password: str
     assert password not in shown and "***" in shown
 
 
+@pytest.mark.parametrize(
+    ("text", "password"),
+    [
+        ("  dsn: {host: h, password: se cret}", "se cret"),  # a line of the config file
+        ('    password: "se,c}ret"', "se,c}ret"),
+        ("{'host': 'h', 'password': 'se cret'} is not of type 'string'", "se cret"),  # a schema message
+    ],
+)
+def test_secrets_in_mappings_as_text(text: str, password: str) -> None:
+    assert password in secrets_in(text)
+
+
+def test_a_dict_repr_shows_no_password() -> None:
+    assert (
+        mask_passwords("{'host': 'h', 'password': 'a b'} is bad") == "{'host': 'h', 'password': '***'} is bad"
+    )
+    assert mask_passwords('{"pwd": "a\\"b", "x": 1}') == '{"pwd": "***", "x": 1}'
+
+
+def test_json_escapes_are_forms_of_a_secret() -> None:
+    """A YAML double-quoted password ("\\u00e9") is "é" once loaded."""
+    assert Secrets(["Q\\u00e9Z1"]).scrub("token QéZ1 refused") == "token *** refused"
+
+
 def test_secrets_in_lists_and_mappings() -> None:
     assert "pw/1" in secrets_in(["postgresql://u:pw/1@h/db"])
     assert {"s3cret", "pw2"} <= set(secrets_in({"host": "h", "password": "s3cret", "url": "redis://:pw2@h"}))
