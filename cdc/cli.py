@@ -57,9 +57,10 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 def _load(path: str) -> Config:
     """The config at ``path``, its secrets remembered first (a config error may quote them)."""
     try:
-        redaction.remember(*Path(path).read_text(encoding="utf-8", errors="replace").splitlines())
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError:
-        pass  # load_config says why it cannot be read
+        text = ""  # load_config says why it cannot be read
+    redaction.remember_secrets(redaction.config_secrets(text, os.environ))
     try:
         config = load_config(path)
     except CdcError as exc:

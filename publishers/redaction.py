@@ -297,7 +297,12 @@ _KNOWN = Secrets()
 def remember(*values: object) -> None:
     """Scrub the secrets of ``values`` (``secrets_in``) out of everything
     ``redact`` is given from now on."""
-    _KNOWN.add(s for value in values for s in secrets_in(value))
+    remember_secrets(s for value in values for s in secrets_in(value))
+
+
+def remember_secrets(secrets: Iterable[str]) -> None:
+    """Scrub ``secrets`` out of everything ``redact`` is given from now on."""
+    _KNOWN.add(secrets)
 
 
 def remember_environment(environ: Mapping[str, str]) -> None:
@@ -307,7 +312,7 @@ def remember_environment(environ: Mapping[str, str]) -> None:
     for name, value in environ.items():
         remember(value)
         if _secret_variable(name, value):
-            _KNOWN.add([value])
+            remember_secrets([value])
 
 
 def _secret_variable(name: str, value: str) -> bool:
@@ -387,7 +392,9 @@ def config_secrets(text: str, environ: Mapping[str, str]) -> list[str]:
     and those of the environment variables it names with ``${VAR}`` (whole
     when the name says password, secret or token). What the config loader
     scrubs out of its messages."""
-    found = [s for line in text.splitlines() for s in secrets_in(line)]
+    # (a comment's "password: ..." is prose, not a value)
+    lines = (line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    found = [s for line in lines for s in secrets_in(line)]
     for name in dict.fromkeys(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", text)):
         value = environ.get(name, "")
         found += secrets_in(value)

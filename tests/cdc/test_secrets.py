@@ -19,6 +19,7 @@ password's, never a word that happens to match.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -42,7 +43,7 @@ from hypothesis import strategies as st
 from cdc.config import SourceConfig, parse_config
 from cdc.devservers import PostgresServer, RedisServer, ServerUnavailable, free_port
 from cdc.errors import CdcError
-from cdc.logs import JsonFormatter, TextFormatter
+from cdc.logs import JsonFormatter, RedactedStream, TextFormatter
 from cdc.sources import make_source
 from cdc.sources.pg_dsn import dsn_problem, redact_dsn
 from publishers import redaction
@@ -297,6 +298,23 @@ def test_a_dsn_libpq_misreads_is_named_with_its_fix(dsn: str, password: str, pro
     for shown in (found or "", redact_dsn(dsn)):
         for piece in {password[i : i + 2] for i in range(len(password) - 1)}:
             assert piece not in shown, shown
+
+
+def test_output_streams_pass_on_whole_lines_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A secret written in two pieces (click, rich and print write a line in
+    several calls) is still found: a line is held until it ends or is flushed."""
+    monkeypatch.setattr(redaction, "_KNOWN", redaction.Secrets())
+    redaction.remember("redis://:QSplit/Z-9@h/0")
+    out = io.StringIO()
+    stream = RedactedStream(out)
+    stream.write("error: QSplit/")
+    assert out.getvalue() == ""
+    stream.write("Z-9 refused\nnext QSplit")
+    assert out.getvalue() == "error: *** refused\n"
+    stream.flush()
+    assert out.getvalue() == "error: *** refused\nnext ***"
+    with pytest.raises(TypeError):  # what click probes a binary stream with
+        stream.write(b"")  # type: ignore[arg-type]
 
 
 # -- the command line --------------------------------------------------------------------

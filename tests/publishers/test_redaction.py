@@ -190,6 +190,7 @@ def test_config_secrets_are_those_of_its_lines_and_of_the_variables_it_names() -
     }
     found = set(config_secrets(text, environ))
     assert {"in-file-pw", "env/pw", "plain-token"} <= found and "o" not in found
+    assert config_secrets("# the password: comes from the environment\n", {}) == []
 
 
 def test_remembered_secrets_are_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
