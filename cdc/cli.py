@@ -3,14 +3,21 @@
 Exit codes: 0 ok, 1 failure while running, 2 bad config or usage, 3 cannot
 connect. Every CdcError carries its code; click's own usage errors exit 2.
 The commands are thin: they load the config and call into ``cdc.commands``.
+
+No secret leaves the process: before anything is read, the secrets of the
+environment are remembered, then those of the config file, and everything
+written to stderr (and to stdout, but for commands whose output is data) is
+redacted of them (``cdc.logs.RedactedStream``, ``publishers.redaction``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -18,11 +25,15 @@ import click
 from cdc import __version__
 from cdc.config import Config, load_config
 from cdc.errors import CdcError
-from cdc.logs import setup_logging
-from publishers.redaction import mask_passwords
+from cdc.logs import redact_output, setup_logging
+from publishers import redaction
+from publishers.redaction import redact
 
 T = TypeVar("T")
 log = logging.getLogger("cdc.cli")
+# Commands whose stdout is data (change messages, the demo's live view): it is
+# printed exactly as it is, never redacted.
+DATA_COMMANDS = frozenset({"subscribe", "demo"})
 
 config_option = click.option(
     "-c",
@@ -39,24 +50,35 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     try:
         return asyncio.run(coro)
     except CdcError as exc:
-        click.echo(f"error: {mask_passwords(str(exc))}", err=True)
+        click.echo(f"error: {redact(str(exc))}", err=True)
         sys.exit(exc.exit_code)
 
 
 def _load(path: str) -> Config:
+    """The config at ``path``, its secrets remembered first (a config error may quote them)."""
     try:
-        return load_config(path)
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""  # load_config says why it cannot be read
+    redaction.remember_secrets(redaction.config_secrets(text, os.environ))
+    try:
+        config = load_config(path)
     except CdcError as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {redact(str(exc))}", err=True)
         sys.exit(exc.exit_code)
+    redaction.remember(config.source.dsn, config.redis.url)
+    return config
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="cdc")
 @click.option("--log-level", default="INFO", show_default=True, help="DEBUG, INFO, WARNING or ERROR.")
 @click.option("--json-logs/--text-logs", default=None, help="Default: JSON unless stderr is a terminal.")
-def cli(log_level: str, json_logs: bool | None) -> None:
+@click.pass_context
+def cli(ctx: click.Context, log_level: str, json_logs: bool | None) -> None:
     """cdc-sync: mirror SQL Server / PostgreSQL tables into Redis, change by change."""
+    redaction.remember_environment(os.environ)
+    redact_output(stdout=ctx.invoked_subcommand not in DATA_COMMANDS)
     setup_logging(log_level, json_logs)
 
 

@@ -20,7 +20,7 @@ from redis.typing import EncodableT
 
 from publishers import redis_calls
 from publishers.errors import ConnectError
-from publishers.redaction import url_for_display
+from publishers.redaction import for_display
 from publishers.redis_calls import SOCKET_TIMEOUT
 from publishers.settings import RedisConfig
 
@@ -104,9 +104,7 @@ def create_client(config: RedisConfig) -> RedisClient:
         "health_check_interval": 30,
     }
     if config.cluster and config.url.startswith("unix://"):
-        raise ConnectError(
-            f"Redis Cluster cannot be reached over a unix socket: {url_for_display(config.url)}"
-        )
+        raise ConnectError(f"Redis Cluster cannot be reached over a unix socket: {for_display(config.url)}")
     client: RedisClient = redis_calls.build(
         lambda: (RedisCluster if config.cluster else aioredis.Redis).from_url(config.url, **options),
         config.url,

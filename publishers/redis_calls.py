@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from redis import exceptions as rex
 
 from publishers.errors import CdcError, ConnectError, LeaseLost, RedisUnavailable
-from publishers.redaction import scrub_url, url_for_display
+from publishers.redaction import for_display, scrub_url, url_problem
 
 T = TypeVar("T")
 
@@ -34,6 +34,9 @@ REDIS_ERRORS: tuple[type[BaseException], ...] = (rex.RedisError, rex.RedisCluste
 # What the server answered a command with (a pipeline slot holds these).
 _ERROR_REPLIES: tuple[type[BaseException], ...] = (rex.ResponseError, rex.ClusterError)
 _URL_ERRORS: tuple[type[BaseException], ...] = (ValueError, *REDIS_ERRORS)  # from_url's refusals
+# What the first command raises for a URL option that the connection does not
+# take (?foo=1: TypeError, an unexpected keyword) or whose value is wrong.
+_OPTION_ERRORS: tuple[type[BaseException], ...] = (TypeError, ValueError)
 
 _TRANSIENT_TYPES: tuple[type[BaseException], ...] = (
     rex.ConnectionError,  # includes BusyLoadingError, AuthenticationError, MaxConnectionsError
@@ -90,15 +93,25 @@ async def connected(awaitable: Awaitable[T], url: str) -> T:
         return await finish(awaitable)
     except REDIS_ERRORS as exc:
         reason = scrub_url(describe(exc), url)
-        raise ConnectError(f"cannot connect to Redis at {url_for_display(url)}: {reason}") from None
+        raise ConnectError(f"cannot connect to Redis at {for_display(url)}: {reason}") from None
+    except _OPTION_ERRORS as exc:  # redis-py passes the URL's ?options to the connection as they are
+        reason = scrub_url(describe(exc), url)
+        raise ConnectError(
+            f"bad Redis URL {for_display(url)}: an option in its query is wrong: {reason}"
+        ) from None
 
 
 def build(make: Callable[[], T], url: str) -> T:
-    """A client from ``make()``: a URL it refuses is ``ConnectError``."""
+    """A client from ``make()``: a URL that is wrong (``url_problem``) or that
+    redis-py refuses is ``ConnectError``. A URL whose password a parser cuts
+    short is refused before redis-py reads it: it would quote the pieces."""
+    problem = url_problem(url)
+    if problem is not None:
+        raise ConnectError(f"bad Redis URL {for_display(url)}: {problem}")
     try:
         return make()
     except _URL_ERRORS as exc:
-        raise ConnectError(f"bad Redis URL {url_for_display(url)}: {scrub_url(str(exc), url)}") from None
+        raise ConnectError(f"bad Redis URL {for_display(url)}: {scrub_url(str(exc), url)}") from None
 
 
 async def quietly(awaitable: Coroutine[Any, Any, Any]) -> None:

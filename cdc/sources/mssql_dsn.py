@@ -7,7 +7,7 @@ module only knows where an ODBC connection string keeps its password.
 from __future__ import annotations
 
 from publishers import redaction
-from publishers.redaction import mask_passwords
+from publishers.redaction import Secrets, mask_passwords
 
 
 def parse_dsn(dsn: str) -> dict[str, str]:
@@ -64,11 +64,18 @@ def describe_dsn(dsn: str) -> str:
         value = next((fields[k] for k in keys if fields.get(k)), None)
         if value:
             shown.append(f"{label}={value}")
-    return ", ".join(shown) or "the configured DSN"
+    # A password holding an unbraced ';' spills into what follows it.
+    return Secrets(password_secrets(dsn)).scrub(", ".join(shown)) or "the configured DSN"
+
+
+def password_secrets(dsn: str) -> list[str]:
+    """Every form the DSN's password may take: as the driver reads it, and as
+    found by syntax (a ';' or '}' typed unescaped makes the two differ)."""
+    fields = parse_dsn(dsn)
+    return [*redaction.secrets_in(dsn), fields.get("PWD") or "", fields.get("PASSWORD") or ""]
 
 
 def scrub(text: str, dsn: str) -> str:
     """``text`` without the DSN's password, however it appears: the value
-    itself, and any ``PWD=``/``password=`` part (braced or bare)."""
-    fields = parse_dsn(dsn)
-    return mask_passwords(redaction.scrub(text, [fields.get("PWD") or fields.get("PASSWORD") or ""]))
+    itself or a piece of it, and any ``PWD=``/``password=`` part (braced or bare)."""
+    return mask_passwords(Secrets(password_secrets(dsn)).scrub(text))

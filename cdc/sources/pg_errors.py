@@ -1,8 +1,9 @@
 """psycopg errors mapped onto ``cdc.errors``, at the adapter boundary.
 
 Connection failures and timeouts are ``SourceUnavailable`` (retried), a
-failing ``connect()`` is ``ConnectError`` (exit code 3), other refusals are
-``SourceError``, but for the errors a read raises because its table changed
+failing ``connect()`` is ``ConnectError`` (exit code 3), or ``ConfigError``
+(exit code 2) when libpq cannot read the DSN or misreads it, other refusals
+are ``SourceError``, but for the errors a read raises because its table changed
 under it (``table_changed``), which are ``SchemaError``: the table is
 described again. Messages never contain the DSN's password.
 """
@@ -11,8 +12,16 @@ from __future__ import annotations
 
 import psycopg
 
-from cdc.errors import CdcError, ConnectError, SchemaError, SourceError, SourceUnavailable, TableChanged
-from cdc.sources.pg_dsn import redact_dsn, scrub
+from cdc.errors import (
+    CdcError,
+    ConfigError,
+    ConnectError,
+    SchemaError,
+    SourceError,
+    SourceUnavailable,
+    TableChanged,
+)
+from cdc.sources.pg_dsn import dsn_problem, redact_dsn, scrub
 
 # What a broken link raises: the connection may be gone with it.
 LINK_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, OSError)
@@ -59,6 +68,12 @@ def map_error(exc: psycopg.Error | OSError, dsn: str, what: str, table: str | No
     return SourceError(f"PostgreSQL: {what}: {scrub(exc, dsn)}")
 
 
-def connect_error(exc: psycopg.Error | OSError, dsn: str) -> ConnectError:
-    """A driver error raised while connecting at start-up (exit code 3)."""
+def connect_error(exc: psycopg.Error | OSError, dsn: str) -> CdcError:
+    """A driver error raised while connecting at start-up: ``ConnectError``
+    (exit code 3), or ``ConfigError`` (exit code 2) when the DSN itself is
+    wrong. Then the driver's message is not shown: it may quote pieces of a
+    password it misread as a host or a port."""
+    problem = dsn_problem(dsn)
+    if problem is not None:
+        return ConfigError(f"source.dsn ({redact_dsn(dsn)}): {problem}")
     return ConnectError(f"cannot connect to PostgreSQL ({redact_dsn(dsn)}): {scrub(exc, dsn)}")
