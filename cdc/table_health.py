@@ -22,6 +22,7 @@ from typing import Literal, get_args
 
 from cdc.errors import CdcError, TableChanged, TransientError
 from cdc.metrics import Metrics
+from publishers.redaction import redact
 
 log = logging.getLogger("cdc.tracker")
 
@@ -54,7 +55,7 @@ class TableHealth:
     def failed(self, error: BaseException, retry_in: float) -> None:
         """A try failed: the table is degraded until one succeeds."""
         self.state = "degraded"
-        self.error = str(error) or type(error).__name__
+        self.error = redact(str(error)) or type(error).__name__  # shown in /readyz and the heartbeat
         self.failures += 1
         if not self._due(self.error):
             log.debug("table still degraded", extra={"table": self.table, "error": self.error})
