@@ -1,27 +1,31 @@
 """The typed configuration, built once from the YAML file and passed down.
 
-``load_config(path)`` reads the file, expands ``${VAR}`` / ``${VAR:-default}``
-in string values, validates the result against ``schemas/config.schema.json``
-(the one source of truth for what the file may hold), and builds frozen
-dataclasses with durations already in seconds. Every error is a ConfigError
-naming the file, the line and the field.
+``load_config(path)`` reads the file (``cdc.config_yaml``: the data and the
+line of every field, bounded), expands ``${VAR}`` / ``${VAR:-default}`` in
+string values, validates the result against ``schemas/config.schema.json``
+(``cdc.config_schema``; the one source of truth for what the file may hold),
+checks what a schema cannot say (``cdc.config_addresses``: the health address,
+the Redis URL's database), and builds frozen dataclasses with durations
+already in seconds. Every error is a ConfigError naming the file, the line and
+the field; a value is quoted cut short, a DSN or Redis URL never.
 """
 
 from __future__ import annotations
 
-import json
+import gc
 import os
 import re
+from collections import defaultdict
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-import jsonschema
-import yaml
-
+from cdc.config_addresses import check_redis_url, parse_health_address
+from cdc.config_schema import NOT_SHOWN, is_secret, validate
+from cdc.config_schema import config_schema as config_schema  # re-exported: tests and docs read it here
+from cdc.config_yaml import FieldError, Lines, cut, load_yaml, locate, shown
 from cdc.durations import parse_duration
 from cdc.errors import ConfigError
 from cdc.templates import Template
@@ -36,6 +40,7 @@ DEFAULT_BACKOFF: tuple[tuple[int | None, float], ...] = (
 )
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _ENV_START = re.compile(r"\$\{")
+_LISTED = 20  # tables named in "no table X is registered"
 
 
 @dataclass(frozen=True)
@@ -97,8 +102,9 @@ class Config:
         for table_config in self.tables:
             if table_config.table.lower() == name.lower():
                 return table_config
-        known = ", ".join(t.table for t in self.tables)
-        raise ConfigError(f"{self.path}: no table {name!r} is registered (registered: {known})")
+        known = ", ".join(t.table for t in self.tables[:_LISTED])
+        more = f" and {len(self.tables) - _LISTED} more" if len(self.tables) > _LISTED else ""
+        raise ConfigError(f"{self.path}: no table {shown(name)} is registered (registered: {known}{more})")
 
 
 def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> Config:
@@ -118,104 +124,35 @@ def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None 
 
 def parse_config(text: str, name: str, environ: Mapping[str, str]) -> Config:
     """Build a Config from YAML ``text``; ``name`` is used in messages."""
-    data, lines = _load_yaml(text, name)
+    with _collector_paused():
+        return _parse_config(text, name, environ)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Loading allocates a few objects per value and makes no reference cycle
+    (a recursive alias is refused first): the cyclic collector, which walks
+    every live object now and then, took a third of a 20,000-table load."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _parse_config(text: str, name: str, environ: Mapping[str, str]) -> Config:
+    data, lines = load_yaml(text, name)
     data = _expand(data, (), lines, name, environ)
     for section in ("redis", "worker"):  # every option commented out: YAML reads null
         if section in data and data[section] is None:
             data[section] = {}
-    _validate(data, lines, name)
+    validate(data, lines, name)
     try:
         return _build(data, lines, name)
-    except _FieldError as exc:  # semantic checks, beyond what the schema says
-        raise ConfigError(_locate(name, lines, exc.where, exc.message)) from None
-
-
-class _FieldError(ValueError):
-    """A semantic error at a path of the file, located by parse_config."""
-
-    def __init__(self, where: tuple[str | int, ...], message: str) -> None:
-        super().__init__(where, message)
-        self.where = where
-        self.message = message
-
-
-# -- YAML with line numbers ------------------------------------------------
-
-Lines = dict[tuple[str | int, ...], int]
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built with it: ~10x faster
-
-
-def _load_yaml(text: str, name: str) -> tuple[Any, Lines]:
-    try:
-        node, data = _parse_yaml(text)
-    except yaml.reader.ReaderError as exc:  # a control character: no mark, a position
-        line = text.count("\n", 0, exc.position) + 1
-        code = exc.character if isinstance(exc.character, int) else ord(exc.character)
-        raise ConfigError(
-            f"{name}:{line}: malformed YAML: control character U+{code:04X} is not allowed"
-        ) from None
-    except yaml.MarkedYAMLError as exc:
-        line = exc.problem_mark.line + 1 if exc.problem_mark is not None else 1
-        problem = exc.problem or str(exc)
-        if exc.context and exc.context_mark is not None and exc.context_mark.line + 1 != line:
-            problem = f"{exc.context} on line {exc.context_mark.line + 1}, {problem}"
-        raise ConfigError(f"{name}:{line}: malformed YAML: {problem}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{name}:1: malformed YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"{name}:1: (top level): the config must be a mapping with source, redis, worker, tables"
-        )
-    lines: Lines = {}
-    try:
-        _record_lines(node, (), lines)
-    except _FieldError as exc:
-        raise ConfigError(_locate(name, lines, exc.where, exc.message)) from None
-    return data, lines
-
-
-def _parse_yaml(text: str) -> tuple[yaml.Node | None, Any]:
-    """One parse gives the nodes (with their lines) and the data."""
-    loader = _Loader(text)
-    try:
-        node = loader.get_single_node()
-        return node, (loader.construct_document(node) if node is not None else None)
-    finally:
-        loader.dispose()
-
-
-def _record_lines(node: yaml.Node | None, path: tuple[str | int, ...], lines: Lines) -> None:
-    if node is None:
-        return
-    lines[path] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            child = (*path, str(key_node.value))
-            if child in lines:  # YAML would silently keep the last one
-                first = lines[child]
-                lines[child] = key_node.start_mark.line + 1
-                raise _FieldError(child, f"duplicate key (first given on line {first})")
-            _record_lines(value_node, child, lines)
-            lines[child] = key_node.start_mark.line + 1
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            _record_lines(item, (*path, index), lines)
-
-
-def _locate(name: str, lines: Lines, path: tuple[str | int, ...], message: str) -> str:
-    probe = tuple(path)
-    while probe and probe not in lines:
-        probe = probe[:-1]
-    line = lines.get(probe, 1)
-    field_name = _dotted(path) or "(top level)"
-    return f"{name}:{line}: {field_name}: {message}"
-
-
-def _dotted(path: tuple[str | int, ...]) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
-    return out
+    except FieldError as exc:  # semantic checks, beyond what the schema says
+        raise ConfigError(locate(name, lines, exc.where, exc.message)) from None
 
 
 # -- ${VAR} expansion ------------------------------------------------------
@@ -236,6 +173,9 @@ def _expand(
 def _expand_string(
     value: str, path: tuple[str | int, ...], lines: Lines, name: str, environ: Mapping[str, str]
 ) -> str:
+    if "${" not in value:
+        return value
+
     def substitute(match: re.Match[str]) -> str:
         var, default = match.group(1), match.group(2)
         if environ.get(var, "") != "":
@@ -244,7 +184,7 @@ def _expand_string(
             return default
         state = "is empty" if var in environ else "is not set"
         raise ConfigError(
-            _locate(
+            locate(
                 name, lines, path, f"environment variable {var} {state} (and no ${{{var}:-default}} is given)"
             )
         )
@@ -254,96 +194,14 @@ def _expand_string(
         if start.start() not in references:  # e.g. ${VAR:default}, ${VAR, ${1X}
             rest = value[start.start() :]
             bad = rest[: rest.index("}") + 1] if "}" in rest else rest
-            raise ConfigError(
-                _locate(name, lines, path, f"malformed reference {bad} (write ${{VAR}} or ${{VAR:-default}})")
+            hint = "write ${VAR} or ${VAR:-default}"
+            message = (  # a piece of a DSN may be its password
+                f"malformed reference ({hint}; {NOT_SHOWN})"
+                if is_secret(path)
+                else f"malformed reference {cut(bad)} ({hint})"
             )
+            raise ConfigError(locate(name, lines, path, message))
     return _ENV.sub(substitute, value)
-
-
-# -- validation against the schema ----------------------------------------
-
-
-@cache
-def config_schema() -> dict[str, Any]:
-    """The config JSON Schema, from the installed package or the source tree."""
-    candidates = [
-        resources.files("cdc").joinpath("schemas/config.schema.json"),
-        Path(__file__).resolve().parent.parent / "schemas" / "config.schema.json",
-    ]
-    for candidate in candidates:
-        if candidate.is_file():
-            schema: dict[str, Any] = json.loads(candidate.read_text(encoding="utf-8"))
-            return schema
-    raise ConfigError("config.schema.json is missing from the installation")
-
-
-def _ecma_pattern(
-    validator: Any, pattern: str, instance: Any, schema: Mapping[str, Any]
-) -> Iterator[jsonschema.ValidationError]:
-    """``pattern`` with JSON Schema's (ECMA-262) meaning of a final ``$``: the
-    very end of the text. Python's ``$`` also matches before a final newline,
-    which would let ``"dbo.Forecasts\\n"`` pass as an identifier."""
-    if validator.is_type(instance, "string") and not _compiled(pattern).search(instance):
-        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
-
-
-@cache
-def _compiled(pattern: str) -> re.Pattern[str]:
-    if pattern.endswith("$") and not pattern.endswith("\\$"):
-        pattern = pattern[:-1] + "\\Z"
-    return re.compile(pattern)
-
-
-def _is_integer(checker: Any, instance: Any) -> bool:
-    # JSON Schema counts 500.0 as an integer; a count in this config must be an int.
-    return isinstance(instance, int) and not isinstance(instance, bool)
-
-
-_Validator = jsonschema.validators.extend(  # type: ignore[no-untyped-call]  # untyped in the stubs
-    jsonschema.Draft202012Validator,
-    validators={"pattern": _ecma_pattern},
-    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
-)
-
-
-def _validate(data: Any, lines: Lines, name: str) -> None:
-    validator = _Validator(config_schema())
-    errors = sorted(
-        validator.iter_errors(data), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path)))
-    )
-    if not errors:
-        return
-    error = errors[0]
-    path = tuple(error.absolute_path)
-    message = _schema_message(error)
-    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
-        unknown = sorted(set(error.instance) - set(_properties(error)))
-        if unknown:
-            path = (*path, unknown[0])
-    raise ConfigError(_locate(name, lines, path, message))
-
-
-def _schema_message(error: jsonschema.ValidationError) -> str:
-    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
-        allowed = ", ".join(sorted(_properties(error)))
-        unknown = ", ".join(sorted(set(error.instance) - set(_properties(error))))
-        return f"unknown key {unknown} (allowed: {allowed})"
-    if error.validator == "pattern":
-        return f"{error.instance!r} is not valid here (must match {error.validator_value})"
-    if (
-        error.validator == "type"
-        and isinstance(error.instance, dict)
-        and "string" in str(error.validator_value)
-    ):
-        return f'{error.message} (quote a value that starts with {{, e.g. "{{Id}}")'
-    if error.validator == "oneOf" and error.schema == config_schema()["$defs"]["duration"]:
-        return f"expected a duration such as 50ms, 5s or 7d, got {error.instance!r}"
-    return error.message
-
-
-def _properties(error: jsonschema.ValidationError) -> list[str]:
-    schema = error.schema
-    return list(schema.get("properties", {})) if isinstance(schema, dict) else []
 
 
 # -- building the typed config --------------------------------------------
@@ -353,8 +211,10 @@ def _build(data: dict[str, Any], lines: Lines, name: str) -> Config:
     source = data["source"]
     redis = data.get("redis") or {}
     worker = data.get("worker") or {}
-    tables = tuple(_build_table(t, i, lines, name) for i, t in enumerate(data["tables"]))
+    entry_lines = _entry_lines(lines)
+    tables = tuple(_build_table(t, i, lines, entry_lines[i], name) for i, t in enumerate(data["tables"]))
     _check_unique(tables)
+    _check_redis_url(redis)
     return Config(
         source=SourceConfig(
             kind=source["kind"],
@@ -377,7 +237,7 @@ def _build(data: dict[str, Any], lines: Lines, name: str) -> Config:
             max_batch_size=worker.get("max_batch_size", 500),
             max_wait=_duration(worker.get("max_wait", "100ms"), ("worker", "max_wait")),
             queue_capacity=worker.get("queue_capacity", 10_000),
-            health=_parse_address(worker.get("health", "127.0.0.1:9478"), ("worker", "health")),
+            health=_health(worker.get("health", "127.0.0.1:9478")),
             page_size=worker.get("page_size", 5000),
             lease_ttl=_duration(worker.get("lease_ttl", "10s"), ("worker", "lease_ttl")),
             max_row_bytes=worker.get("max_row_bytes", 1 << 20),
@@ -392,10 +252,22 @@ def _duration(value: Any, where: tuple[str | int, ...]) -> float:
     try:
         return parse_duration(value)
     except ValueError as exc:  # what the schema cannot say: .nan, .inf
-        raise _FieldError(where, str(exc)) from None
+        raise FieldError(where, str(exc)) from None
 
 
-def _build_table(raw: dict[str, Any], index: int, lines: Lines, file: str) -> TableConfig:
+def _entry_lines(lines: Lines) -> dict[int, tuple[tuple[str, int], ...]]:
+    """Index of a table entry -> (field, line) of each of its fields: one pass
+    over the lines (a pass per entry made 20,000 tables take minutes)."""
+    out: dict[int, list[tuple[str, int]]] = defaultdict(list)
+    for path, line in lines.items():
+        if len(path) == 3 and path[0] == "tables" and isinstance(path[1], int) and isinstance(path[2], str):
+            out[path[1]].append((path[2], line))
+    return defaultdict(tuple, {index: tuple(fields) for index, fields in out.items()})
+
+
+def _build_table(
+    raw: dict[str, Any], index: int, lines: Lines, field_lines: tuple[tuple[str, int], ...], file: str
+) -> TableConfig:
     where: tuple[str | int, ...] = ("tables", index)
     schema, table_name = raw["table"].split(".")
     section = raw.get("section", table_name.lower())
@@ -404,7 +276,7 @@ def _build_table(raw: dict[str, Any], index: int, lines: Lines, file: str) -> Ta
     columns = tuple(raw["columns"]) if "columns" in raw else None
     for i, column in enumerate(columns or ()):
         if column.startswith("@"):
-            raise _FieldError((*where, "columns", i), f"{column!r}: names starting with @ are reserved")
+            raise FieldError((*where, "columns", i), f"{column!r}: names starting with @ are reserved")
     return TableConfig(
         table=raw["table"],
         schema=schema,
@@ -418,7 +290,7 @@ def _build_table(raw: dict[str, Any], index: int, lines: Lines, file: str) -> Ta
         line=lines.get(where, 0),
         file=file,
         index=index,
-        field_lines=tuple((str(path[-1]), line) for path, line in lines.items() if path[:-1] == where),
+        field_lines=field_lines,
     )
 
 
@@ -426,7 +298,7 @@ def _template(text: str, where: tuple[str | int, ...]) -> Template:
     try:
         return Template.parse(text)
     except ValueError as exc:
-        raise _FieldError(where, str(exc)) from None
+        raise FieldError(where, str(exc)) from None
 
 
 def _backoff(
@@ -437,14 +309,12 @@ def _backoff(
     steps = tuple((limit, _duration(wait, (*where, i, 1))) for i, (limit, wait) in enumerate(raw))
     limits = [limit for limit, _ in steps]
     if limits[-1] is not None:
-        raise _FieldError(
-            (*where, len(steps) - 1), "the last step must be [null, wait] (what happens beyond)"
-        )
+        raise FieldError((*where, len(steps) - 1), "the last step must be [null, wait] (what happens beyond)")
     if None in limits[:-1]:
-        raise _FieldError((*where, limits.index(None)), "only the last step may be [null, wait]")
+        raise FieldError((*where, limits.index(None)), "only the last step may be [null, wait]")
     bounded = [limit for limit in limits if limit is not None]
     if bounded != sorted(set(bounded)):
-        raise _FieldError(where, "the step limits must increase")
+        raise FieldError(where, "the step limits must increase")
     return steps
 
 
@@ -455,29 +325,36 @@ def _check_unique(tables: tuple[TableConfig, ...]) -> None:
         lowered = table_config.table.lower()
         if lowered in seen:
             first = tables[seen[lowered]]
-            raise _FieldError(
+            raise FieldError(
                 ("tables", index, "table"),
-                f"{table_config.table} is registered twice (first as tables[{seen[lowered]}] on line {first.line})",
+                f"{cut(table_config.table)} is registered twice (first as tables[{seen[lowered]}] on line {first.line})",
             )
         seen[lowered] = index
         if table_config.section in sections:
             other = tables[sections[table_config.section]].table
             implicit = "section" not in dict(table_config.field_lines)
-            hint = (
-                f" (the default section is the table name, lower-cased: set section for {table_config.table})"
-            )
-            raise _FieldError(
+            hint = f" (the default section is the table name, lower-cased: set section for {cut(table_config.table)})"
+            raise FieldError(
                 ("tables", index, "section"),
-                f"section {table_config.section!r} is already written by {other}; each section belongs to one table"
+                f"section {table_config.section!r} is already written by {cut(other)}; each section belongs to one table"
                 + (hint if implicit else ""),
             )
         sections[table_config.section] = index
 
 
-def _parse_address(value: str | None, where: tuple[str | int, ...]) -> tuple[str, int] | None:
+def _health(value: str | None) -> tuple[str, int] | None:
     if value is None:
         return None
-    host, _, port = value.rpartition(":")
-    if int(port) > 65535:
-        raise _FieldError(where, f"port {int(port)} is out of range (0-65535)")
-    return (host or "127.0.0.1", int(port))
+    try:
+        return parse_health_address(value)
+    except ValueError as exc:
+        raise FieldError(("worker", "health"), str(exc)) from None
+
+
+def _check_redis_url(redis: Mapping[str, Any]) -> None:
+    if "url" not in redis:
+        return
+    try:
+        check_redis_url(redis["url"], cluster=redis.get("cluster", False))
+    except ValueError as exc:
+        raise FieldError(("redis", "url"), f"{exc}; {NOT_SHOWN}") from None
