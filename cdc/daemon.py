@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import socket
+import time
 import uuid
 from typing import Any
 
@@ -33,7 +34,7 @@ from tenacity import AsyncRetrying, RetryCallState, RetryError, retry_if_excepti
 
 from cdc.balancer import Balancer, FairShare, Policy, TakeAll
 from cdc.config import Config
-from cdc.errors import CdcError, TransientError
+from cdc.errors import CdcError, ConfigError, TransientError
 from cdc.health import HealthServer
 from cdc.observers import Observer
 from cdc.pipeline import Pipeline
@@ -48,6 +49,9 @@ SHUTDOWN_TIMEOUT = 30.0  # seconds the ordered shutdown may take before giving u
 # catalog query for all of them: ~1 ms on PostgreSQL): an added column, or a
 # table dropped and created again, reaches the documents within seconds.
 SHAPE_CHECK_INTERVAL = 2.0
+# Seconds between two warnings of the same cleanup failure (a role that may
+# not delete fails every cleanup_interval, down to every minute).
+CLEANUP_WARN_EVERY = 3600.0
 
 
 class Daemon:
@@ -73,6 +77,7 @@ class Daemon:
         self._tasks: list[asyncio.Task[None]] = []
         self._period = ttl / 3  # leases are renewed three times per TTL
         self._interrupts = 0
+        self._cleanup_warnings = _Throttled("tracking cleanup", CLEANUP_WARN_EVERY)
 
     @property
     def manager(self) -> DataManager:
@@ -90,12 +95,16 @@ class Daemon:
 
     async def startup(self, *, strict: bool = False) -> None:
         """``strict`` (``--once``): a table that cannot be followed fails the
-        start-up; otherwise it starts degraded (``Pipeline.open``)."""
+        start-up; otherwise it starts degraded (``Pipeline.open``). The health
+        address is bound first: a second sidecar given the same port stops
+        there (exit 2), before it connects to anything or takes a lease."""
+        await self._listen_health()
         await self.pipeline.open(strict=strict)
         self.metrics.up.labels("source").set(1)
         self.metrics.up.labels("redis").set(1)
         await self.balancer.start()
-        await self._start_health()
+        if self.health is not None:
+            await self.health.start()
         self._start_scheduler()
         log.info("sidecar started", extra={"worker": self.worker_id, "tables": len(self.pipeline.trackers)})
 
@@ -132,18 +141,30 @@ class Daemon:
     # -- signals ---------------------------------------------------------------
 
     def request_stop(self, signum: int | None = None) -> None:
-        """Signal handler: first time, stop gracefully; a second SIGINT forces exit."""
+        """Signal handler: first time, stop gracefully; a second SIGINT forces exit.
+
+        SIGHUP stops gracefully too, saying so: the config is not reloaded.
+        Adding and removing tables in a running sidecar would go through the
+        pipeline and the balancer, and a restart does it already, with the
+        same guarantees (leases released, then taken over where they were)."""
         if signum == signal.SIGINT:
             self._interrupts += 1
             if self._interrupts > 1:
                 log.error("second interrupt: exiting now")
                 os._exit(130)
-        log.info("stop requested", extra={"signal": signum})
+        if signum == signal.SIGHUP:
+            log.warning(
+                "SIGHUP: stopping gracefully; the config is not reloaded: restart the sidecar "
+                "to apply a changed config (a supervisor that restarts it does)",
+                extra={"signal": signum},
+            )
+        else:
+            log.info("stop requested", extra={"signal": signum})
         self.stop_event.set()
 
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.add_signal_handler(signum, self.request_stop, signum)
 
     # -- main loop's pieces ------------------------------------------------------
@@ -225,15 +246,21 @@ class Daemon:
     def readyz(self) -> tuple[bool, dict[str, object]]:
         return self.observer.readyz()
 
-    async def _start_health(self) -> None:
+    async def _listen_health(self) -> None:
+        """Bind ``worker.health``; a port in use, a host that does not resolve
+        or is not this host's is the config's fault for this host: exit 2."""
         if self.config.worker.health is None:
             return
         host, port = self.config.worker.health
         observer = self.observer
-        self.health = HealthServer(
+        health = HealthServer(
             host, port, healthz=observer.healthz, readyz=observer.readyz, metrics=observer.render_metrics
         )
-        await self.health.start()
+        try:
+            await health.listen()
+        except OSError as exc:
+            raise ConfigError(f"{self.config.path}: worker.health: {health.listen_error(exc)}") from None
+        self.health = health
 
     # -- housekeeping (every periodic job but the lease round is on the scheduler) --
 
@@ -264,11 +291,42 @@ class Daemon:
             log.debug("shape check failed", extra={"error": str(exc)})
 
     async def _cleanup(self) -> None:
+        """The source's retention cleanup. A failure (the source away, or a
+        role that may not delete the tracking entries) is a warning, never the
+        scheduler's traceback: the next run retries, and the tracking tables
+        grow meanwhile. The same failure again is told once per
+        ``CLEANUP_WARN_EVERY``, with how many times it happened."""
         try:
             deleted = await self.source.cleanup(self.config.source.retention)
+        except CdcError as exc:
+            self._cleanup_warnings.failed(str(exc))
+        except Exception as exc:  # a bug: told as loudly, without bringing the scheduler's traceback
+            log.error("tracking cleanup failed unexpectedly", extra={"error": repr(exc)})
+        else:
+            self._cleanup_warnings.succeeded()
             log.info("tracking cleanup", extra={"deleted": deleted})
-        except TransientError as exc:
-            log.warning("tracking cleanup failed", extra={"error": str(exc)})
+
+
+class _Throttled:
+    """Warnings of a job that may fail at every run for the same reason."""
+
+    def __init__(self, what: str, every: float) -> None:
+        self.what, self.every = what, every
+        self.failures = 0  # in a row
+        self._told: tuple[str, float] | None = None  # the last error told, and when
+
+    def failed(self, error: str) -> None:
+        self.failures += 1
+        now = time.monotonic()
+        if self._told is not None and self._told[0] == error and now - self._told[1] < self.every:
+            return
+        self._told = (error, now)
+        log.warning(f"{self.what} failed", extra={"error": error, "failures_in_a_row": self.failures})
+
+    def succeeded(self) -> None:
+        if self.failures:
+            log.info(f"{self.what} works again", extra={"after_failures": self.failures})
+        self.failures, self._told = 0, None
 
 
 def _log_upkeep_failure(state: RetryCallState) -> None:

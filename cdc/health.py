@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
+import socket
 from collections.abc import Callable
 
 import orjson
+
+from cdc.config_addresses import format_address
 
 log = logging.getLogger("cdc.health")
 
@@ -31,12 +35,22 @@ class HealthServer:
         }
         self._server: asyncio.Server | None = None
 
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+    async def listen(self) -> None:
+        """Bind the address without serving yet, so that a port in use or a
+        host that does not resolve stops the start before anything else has
+        started. Raises OSError; ``listen_error`` says it for the operator."""
+        self._server = await asyncio.start_server(self._handle, self.host, self.port, start_serving=False)
         sockets = self._server.sockets or ()
         if sockets:
             self.port = sockets[0].getsockname()[1]
-        log.info("health server listening", extra={"address": f"{self.host}:{self.port}"})
+
+    async def start(self) -> None:
+        """Serve (listening first if ``listen`` was not called)."""
+        if self._server is None:
+            await self.listen()
+        assert self._server is not None
+        await self._server.start_serving()
+        log.info("health server listening", extra={"address": format_address(self.host, self.port)})
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -44,6 +58,22 @@ class HealthServer:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2.0)
             self._server = None
+
+    def listen_error(self, exc: OSError) -> str:
+        """Why ``listen`` failed, and what to do, for the operator."""
+        address = format_address(self.host, self.port)
+        if isinstance(exc, socket.gaierror):
+            return f"the host {self.host!r} does not resolve ({exc.strerror}): give an IP address or a known host name"
+        if exc.errno == errno.EADDRINUSE:
+            return (
+                f"{address} is already in use, by another sidecar on this host or another program: "
+                "give each sidecar its own port, or turn the health server off with health: null"
+            )
+        if exc.errno == errno.EADDRNOTAVAIL:
+            return f"{address} is not an address of this host: listen on one of its own, or 0.0.0.0 for all"
+        if exc.errno == errno.EACCES:
+            return f"cannot listen on {address}: permission denied (ports below 1024 need privileges)"
+        return f"cannot listen on {address}: {exc.strerror or exc}"
 
     @staticmethod
     def _probe(probe: Probe) -> tuple[int, str, bytes]:
