@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
@@ -34,6 +35,10 @@ log = logging.getLogger("cdc.cli")
 # Commands whose stdout is data (change messages, the demo's live view): it is
 # printed exactly as it is, never redacted.
 DATA_COMMANDS = frozenset({"subscribe", "demo"})
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# A section as the config's schema writes it ($defs/segment).
+SECTION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 config_option = click.option(
     "-c",
@@ -72,7 +77,13 @@ def _load(path: str) -> Config:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="cdc")
-@click.option("--log-level", default="INFO", show_default=True, help="DEBUG, INFO, WARNING or ERROR.")
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="INFO",
+    show_default=True,
+    help="The least severe level logged.",
+)
 @click.option("--json-logs/--text-logs", default=None, help="Default: JSON unless stderr is a terminal.")
 @click.pass_context
 def cli(ctx: click.Context, log_level: str, json_logs: bool | None) -> None:
@@ -146,11 +157,30 @@ def status(config_path: str, as_json: bool) -> None:
     sys.exit(_run(do_status(_load(config_path), as_json=as_json)))
 
 
+def _partition(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if value == "":
+        raise click.BadParameter("a partition value cannot be empty")
+    return value
+
+
+def _section(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not SECTION.fullmatch(value):
+        raise click.BadParameter(
+            "a section is letters, digits, _, . and -, not starting with . or - (as in the config)"
+        )
+    return value
+
+
 @cli.command()
 @config_option
-@click.option("--partition", required=True, help="The partition value to follow.")
-@click.option("--section", default=None, help="Only this section's messages.")
-@click.option("--from-seq", type=int, default=None, help="Start after this seq (default: now).")
+@click.option("--partition", required=True, callback=_partition, help="The partition value to follow.")
+@click.option("--section", default=None, callback=_section, help="Only this section's messages.")
+@click.option(
+    "--from-seq",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Replay the stream from this seq on (seqs start at 1; default: only new messages).",
+)
 def subscribe(config_path: str, partition: str, section: str | None, from_seq: int | None) -> None:
     """Print change messages as JSON lines, catching up from the stream."""
     from cdc.commands import subscribe as do_subscribe

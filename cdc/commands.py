@@ -394,6 +394,11 @@ def _workers_view(workers: list[dict[str, str]]) -> Table:
 async def subscribe(config: Config, partition: str, section: str | None, from_seq: int | None) -> int:
     from publishers.subscriber import Subscriber
 
+    # the command line checks these too (click's usage errors); this is for callers in Python
+    if partition == "":
+        raise ConfigError("--partition: a partition value cannot be empty")
+    if from_seq is not None and from_seq < 1:
+        raise ConfigError(f"--from-seq: {from_seq} is not a seq (seqs start at 1)")
     manager = await DataManager.connect(config.redis)
     try:
         subscriber = Subscriber(
