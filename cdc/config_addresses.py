@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from cdc.config_yaml import shown
 
@@ -62,6 +62,14 @@ def _is_hostname(host: str) -> bool:
     return len(host) <= 253 and all(_LABEL.fullmatch(label) for label in labels)
 
 
+def _port_readable(parts: SplitResult) -> bool:
+    try:
+        parts.port  # noqa: B018  # raises ValueError when the port is not a number
+    except ValueError:
+        return False
+    return True
+
+
 # -- redis.url -------------------------------------------------------------------
 
 _ENCODE = "a password holding / @ # ? or % must be percent-encoded (%2F %40 %23 %3F %25)"
@@ -73,11 +81,13 @@ def check_redis_url(url: str, *, cluster: bool) -> None:
     ``#fragment`` (the rest of a password after an unencoded ``#``)."""
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018  # raises ValueError when the port is not a number
-    except ValueError:
-        raise ValueError(f"the host or port cannot be read: {_ENCODE}") from None
-    if parts.fragment:
+        port_ok = _port_readable(parts)
+    except ValueError:  # e.g. an unclosed [ of an IPv6 host
+        parts, port_ok = None, False
+    if parts is not None and parts.fragment:
         raise ValueError(f"a Redis URL has no #fragment: {_ENCODE}")
+    if parts is None or not port_ok:
+        raise ValueError(f"the host or port cannot be read: {_ENCODE}")
     databases = [value for key, value in parse_qsl(parts.query, keep_blank_values=True) if key == "db"]
     if parts.scheme != "unix" and parts.path not in ("", "/"):
         databases.append(parts.path[1:])

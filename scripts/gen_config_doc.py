@@ -79,7 +79,7 @@ def _value_types(schema: Schema) -> list[str]:
         "Unknown keys are errors, and every error names the file, the line and the key, e.g. "
         "`tables.yaml:12: tables[0].sections: unknown key sections (allowed: backoff, columns, key, "
         "operations, partition, section, table)`. A value outside its bounds is refused the same way "
-        "(`tables.yaml:9: worker.lease_ttl: '0s' is less than the minimum of 1s`), by `cdc validate` "
+        "(`tables.yaml:9: worker.lease_ttl: '0s' is less than the minimum of 500ms`), by `cdc validate` "
         "and `cdc run` alike, exit code 2.",
         "",
         "An error quotes the value it is about cut to 80 characters, and never the value of "
