@@ -1,8 +1,9 @@
 """The sidecar's lifecycle, which reads like its table of contents::
 
-    await daemon.startup()     open the pipeline (source, Redis, every table
-                               described, the batch worker), the leases, the
-                               health server and the housekeeping scheduler
+    await daemon.startup()     bind the health address, open the pipeline
+                               (source, Redis, every table described, the
+                               batch worker), the leases, serve health, start
+                               the housekeeping scheduler
     await daemon.main_loop()   balance the tables' leases and run their
                                trackers (and the wake-up listener) until asked
                                to stop, or, with ``once``, until every table
@@ -13,8 +14,12 @@
 The pieces: ``Pipeline`` (the data path), ``Balancer`` (which tables this
 sidecar runs), ``Observer`` (health, readiness, metrics, heartbeat fields).
 Signal handlers only set state (``request_stop``); a second SIGINT forces the
-process out. Dependencies are injected so the tests run this very loop against
-real servers: ``Daemon(config, source=..., manager=...)``.
+process out. SIGHUP is a graceful stop, logged, not a reload: adding and
+removing tables in a running sidecar would go through the pipeline and the
+balancer, and a restart by the supervisor does it already with the same
+guarantees (leases released at the stop, taken again at the start).
+Dependencies are injected so the tests run this very loop against real
+servers: ``Daemon(config, source=..., manager=...)``.
 """
 
 from __future__ import annotations
@@ -141,12 +146,8 @@ class Daemon:
     # -- signals ---------------------------------------------------------------
 
     def request_stop(self, signum: int | None = None) -> None:
-        """Signal handler: first time, stop gracefully; a second SIGINT forces exit.
-
-        SIGHUP stops gracefully too, saying so: the config is not reloaded.
-        Adding and removing tables in a running sidecar would go through the
-        pipeline and the balancer, and a restart does it already, with the
-        same guarantees (leases released, then taken over where they were)."""
+        """Signal handler: first time, stop gracefully; a second SIGINT forces
+        exit. SIGHUP stops gracefully too, saying that nothing is reloaded."""
         if signum == signal.SIGINT:
             self._interrupts += 1
             if self._interrupts > 1:
