@@ -43,6 +43,8 @@ MAX_DEPTH = 64  # levels of nesting; the deepest valid config has 5
 # well inside; a "billion laughs" of nine lines does not).
 ALIAS_BUDGET = 100_000
 
+# What a mapping key may be: a string, or the merge key "<<" of YAML 1.1.
+_NAME_TAGS = frozenset({"tag:yaml.org,2002:str", "tag:yaml.org,2002:merge"})
 _KEY = -1  # the path of a mapping's key node: never a field's (a mapping has no index)
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser when built with it
 
@@ -233,6 +235,9 @@ class _Composer:
             key_line = self.loader.peek_event().start_mark.line + 1
             key, key_size = self.node((*path, _KEY), depth + 1)
             child = (*path, str(key.value) if isinstance(key, ScalarNode) else "(complex key)")
+            if not (isinstance(key, ScalarNode) and key.tag in _NAME_TAGS):
+                self.lines[child] = key_line
+                raise FieldError(child, "a key must be a name (quote a key such as 1, true or null)")
             if child in self.lines:  # YAML would silently keep the last one
                 first = self.lines[child]
                 self.lines[child] = key_line

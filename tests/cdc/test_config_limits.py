@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cdc.config import Config, config_schema, load_config, parse_config
 from cdc.durations import parse_duration
@@ -109,6 +112,12 @@ def test_a_merge_key_is_not_a_duplicate_key() -> None:
     assert (second.table, second.section, second.operations) == ("public.b", "b", frozenset({"I", "U"}))
 
 
+def test_a_key_must_be_a_name(fail: Callable[[str], Failure]) -> None:
+    assert fail(HEAD + "worker:\n  1: x\n" + TABLE) == Failure(
+        5, "worker.1", "a key must be a name (quote a key such as 1, true or null)"
+    )
+
+
 def test_nesting_deeper_than_64_levels_is_refused(fail: Callable[[str], Failure]) -> None:
     failure = fail(HEAD + "tables: " + "[" * 5000 + "]" * 5000 + "\n")
     assert failure.line == 4 and failure.message == "nested deeper than 64 levels"
@@ -131,10 +140,11 @@ def test_long_names_are_cut_wherever_they_are_quoted(fail: Callable[[str], Failu
     assert failure.field == "worker." + "k" * 80 + "…"
     assert failure.message.startswith("unknown key " + "k" * 80 + "… (allowed: ")
     table = "public." + "t" * 100_000
-    failure = fail(HEAD + f"tables:\n  - table: {table}\n  - table: {table}\n")
-    assert len(failure.message) < 300 and failure.message.endswith(
-        "registered twice (first as tables[0] on line 5)"
-    )
+    failure = fail(HEAD + f"tables:\n  - table: {table}\n")
+    assert failure.message == f"'public.{'t' * 72}… is too long"
+    longest = "public." + "t" * 128
+    failure = fail(HEAD + f"tables:\n  - table: {longest}\n  - table: {longest}\n")
+    assert failure.message == f"{longest[:80]}… is registered twice (first as tables[0] on line 5)"
     assert len(str(_error(lambda: load_config_named(table)))) < 300
 
 
@@ -381,3 +391,67 @@ def test_loading_is_linear_in_the_number_of_tables() -> None:
     small, large = _tables(500), _tables(2000)
     ratio = min(_cpu_seconds(large) for _ in range(2)) / min(_cpu_seconds(small) for _ in range(2))
     assert ratio < 7, f"2000 tables took {ratio:.1f} times as long as 500"
+
+
+# -- whatever the file holds: a Config or a ConfigError -------------------------------
+
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=True),
+    st.text(max_size=20),
+    st.sampled_from(
+        [
+            "5s",
+            "0",
+            "-1",
+            "1e20",
+            "200000000000d",
+            "redis://h/abc",
+            "[::1]:1",
+            "::1:9",
+            "{Id}",
+            "public.t",
+            "${X}",
+            "${X",
+        ]
+    ),
+)
+_KEYS = st.one_of(
+    st.sampled_from(
+        ["source", "redis", "worker", "tables", "kind", "dsn", "url", "health", "lease_ttl", "table"]
+    ),
+    st.sampled_from(
+        ["columns", "backoff", "partition", "key", "section", "cluster", "page_size", "retention"]
+    ),
+    st.integers(),
+    st.booleans(),
+    st.none(),
+)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(_KEYS, inner, max_size=4)),
+    max_leaves=20,
+)
+_PLACES = st.sampled_from(["", "source", "redis", "worker", "table"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_PLACES, _KEYS, _VALUES), max_size=3))
+def test_any_file_loads_or_is_refused_as_a_config_error(edits: list[tuple[str, Any, Any]]) -> None:
+    """Valid files changed at random: never another exception (a traceback)."""
+    doc: dict[Any, Any] = {
+        "source": {"kind": "postgres", "dsn": "postgresql://cdc@db1/planning"},
+        "redis": {},
+        "worker": {},
+        "tables": [{"table": "public.t"}],
+    }
+    for place, key, value in edits:
+        target = doc if place == "" else doc["tables"][0] if place == "table" else doc.get(place)
+        if isinstance(target, dict):
+            target[key] = value
+    try:
+        parse_config(yaml.safe_dump(doc), "tables.yaml", {})
+    except ConfigError as exc:
+        assert MESSAGE.fullmatch(str(exc)) or "malformed YAML" in str(exc), str(exc)
