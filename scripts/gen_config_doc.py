@@ -153,8 +153,9 @@ the line and the field (exit code 2):
   gigabytes);
 - nesting deeper than 64 levels (the deepest valid config has 5).
 
-Loading takes time in proportion to the file: 20,000 tables load in about
-ten seconds.
+Loading takes time in proportion to the file: 20,000 one-line table entries
+load in about 2 s, 20,000 entries of five keys each (columns, key, backoff) in
+about 12 s.
 """
 
 
