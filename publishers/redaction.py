@@ -387,13 +387,23 @@ def _cut_short(url: str) -> bool:
     return "@" in parts.path or not parts.hostname
 
 
+MAX_SCANNED_LINE = 8192  # characters
+
+
 def config_secrets(text: str, environ: Mapping[str, str]) -> list[str]:
     """The secrets a config file may hold: those of each line of its ``text``
     and those of the environment variables it names with ``${VAR}`` (whole
     when the name says password, secret or token). What the config loader
     scrubs out of its messages."""
-    # (a comment's "password: ..." is prose, not a value)
-    lines = (line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    # (a comment's "password: ..." is prose, not a value; a line longer than
+    # MAX_SCANNED_LINE is no DSN or URL, and the scan's regexes are quadratic in
+    # a line's length: a 50 MB value took minutes. The loader cuts such a value
+    # to a few dozen characters in its messages anyway.)
+    lines = (
+        line
+        for line in text.splitlines()
+        if len(line) <= MAX_SCANNED_LINE and not line.lstrip().startswith("#")
+    )
     found = [s for line in lines for s in secrets_in(line)]
     for name in dict.fromkeys(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", text)):
         value = environ.get(name, "")

@@ -41,6 +41,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cdc.config import SourceConfig, parse_config
+from cdc.config_addresses import check_redis_url
 from cdc.devservers import PostgresServer, RedisServer, ServerUnavailable, free_port
 from cdc.errors import CdcError
 from cdc.logs import JsonFormatter, RedactedStream, TextFormatter
@@ -97,6 +98,14 @@ def pg_key_value(password: str, host_port: str, *, quoted: bool) -> str:
     if quoted:
         password = "'" + password.replace("\\", "\\\\").replace("'", "\\'") + "'"
     return f"host={host} port={port} user=app dbname=cdc password={password}"
+
+
+def _loader_refuses(url: str) -> bool:
+    try:
+        check_redis_url(url, cluster=False)
+    except ValueError:
+        return True
+    return False
 
 
 def redis_at(password: str, host_port: str, *, encoded: bool, user: str = "app") -> str:
@@ -436,7 +445,9 @@ async def test_commands_never_print_the_password(
             "CDC_SOURCE_DSN": with_password(postgres_dsn, password),
             "CDC_REDIS_URL": redis_at(password, host_port, encoded=encoded),
         }
-        expected = 0 if command == "tracking status" else 3  # the only command that needs no Redis
+        # a URL the loader can tell is misread (an unencoded # / ?) is bad config, refused at
+        # load for every command; any other is tried: "tracking status" alone needs no Redis
+        expected = 2 if _loader_refuses(env["CDC_REDIS_URL"]) else 0 if command == "tracking status" else 3
     else:
         user = "u" + uuid.uuid4().hex[:8]
         admin = aioredis.Redis.from_url(checking_redis.url)
@@ -507,12 +518,6 @@ def test_a_config_mistake_never_echoes_the_password(mistake: str, tmp_path: Path
     assert re.search(r"cdc\.yaml:\d+: (source\.dsn|redis\.url)", done.stderr), done.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cdc/config.py echoes the value in its schema messages: parse_config must raise its ConfigError "
-    "scrubbed with publishers.redaction.scrub(message, redaction.config_secrets(text, environ)); the command "
-    "line redacts it meanwhile (test_a_config_mistake_never_echoes_the_password)",
-)
 @pytest.mark.parametrize("mistake", list(SETTINGS_MISTAKES))
 def test_the_config_loader_never_echoes_the_password(mistake: str) -> None:
     """What ``load_config`` raises to a program that loads a config itself."""
