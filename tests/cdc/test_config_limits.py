@@ -437,6 +437,17 @@ _VALUES = st.recursive(
 _PLACES = st.sampled_from(["", "source", "redis", "worker", "table"])
 
 
+def _place(doc: dict[Any, Any], place: str) -> Any:
+    """Where an edit goes: the file, a section, or the first table (an earlier
+    edit may have replaced any of them with something else)."""
+    if place == "":
+        return doc
+    if place == "table":
+        tables = doc.get("tables")
+        return tables[0] if isinstance(tables, list) and tables else None
+    return doc.get(place)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(_PLACES, _KEYS, _VALUES), max_size=3))
 def test_any_file_loads_or_is_refused_as_a_config_error(edits: list[tuple[str, Any, Any]]) -> None:
@@ -448,7 +459,7 @@ def test_any_file_loads_or_is_refused_as_a_config_error(edits: list[tuple[str, A
         "tables": [{"table": "public.t"}],
     }
     for place, key, value in edits:
-        target = doc if place == "" else doc["tables"][0] if place == "table" else doc.get(place)
+        target = _place(doc, place)
         if isinstance(target, dict):
             target[key] = value
     try:
