@@ -94,11 +94,11 @@ class Describer:
         another shape than the table has now (it changed while no sidecar
         followed it, or the config's columns did); None when they were not.
         A shape not recorded yet (documents of an older cdc-sync) is recorded."""
-        stored = await control.table_shape(manager, self.table)
-        if not has_documents or stored == self.shape:
+        stored, shape = await control.table_shape(manager, self.table), self.shape
+        if not has_documents or stored == shape:
             return None
         if stored is None:
-            await control.set_table_shape(manager, self.table, self.shape)
+            await control.set_table_shape(manager, self.table, shape)
             return None
         reason = "the table or its config changed since its documents were written"
         log.warning(f"{reason}: snapshotting it again", extra={"table": self.table})

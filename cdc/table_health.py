@@ -37,10 +37,10 @@ class TableHealth:
         self._gauges = {state: metrics.table_state.labels(table, state) for state in STATES}
         self._clock = clock
         self._state: State = "starting"
+        self._gauges["starting"].set(1)
         self.error: str | None = None  # why the table is degraded (None: it is not)
         self.failures = 0  # failed tries in a row
         self._logged: tuple[str, float] | None = None  # the failure last logged, and when
-        self.state = "starting"
 
     @property
     def state(self) -> State:
@@ -48,6 +48,8 @@ class TableHealth:
 
     @state.setter
     def state(self, state: State) -> None:
+        if state == self._state:  # every poll sets it: the gauges move only on a change
+            return
         self._gauges[self._state].set(0)
         self._state = state
         self._gauges[state].set(1)

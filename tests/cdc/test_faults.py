@@ -169,11 +169,7 @@ async def test_redis_down_for_an_outage_then_back_with_its_aof(
         down_at = time.monotonic()
         body = await wait_health(running.port, 503, 30, contains="Redis is unavailable")
         assert body["ok"] is False
-        while time.monotonic() - down_at < OUTAGE:  # the outage: the daemon must live through it
-            running.alive()
-            assert (await _probe(running.port, "/readyz"))[0] == 503, "ready while Redis is down"
-            assert (await _probe(running.port, "/healthz"))[0] == 200, "not live while Redis is down"
-            await asyncio.sleep(0.5)
+        await _live_but_not_ready(running, down_at, "Redis")
         own_redis.start()  # the same port and directory: the AOF is replayed
         await wait_health(running.port, 200, 60)
         before = await published(client, namespace)
@@ -313,11 +309,7 @@ async def test_postgres_down_for_an_outage_then_back(namespace: str, redis_url: 
         server.stop("immediate")
         down_at = time.monotonic()
         await wait_health(running.port, 503, 30, contains="PostgreSQL")
-        while time.monotonic() - down_at < OUTAGE:
-            running.alive()
-            assert (await _probe(running.port, "/readyz"))[0] == 503, "ready while PostgreSQL is down"
-            assert (await _probe(running.port, "/healthz"))[0] == 200, "not live while PostgreSQL is down"
-            await asyncio.sleep(0.5)
+        await _live_but_not_ready(running, down_at, "PostgreSQL")
         server.start()
         await wait_health(running.port, 200, 60)
         writers = Writers(server.dsn, schema, seed=35)
@@ -530,6 +522,16 @@ async def test_truncate_while_running(
 
 
 # -- helpers -------------------------------------------------------------------------
+
+
+async def _live_but_not_ready(running: Running, down_at: float, what: str) -> None:
+    """Through the outage: the sidecar runs, /readyz says 503, /healthz
+    (liveness: a restart would not bring ``what`` back) stays 200."""
+    while time.monotonic() - down_at < OUTAGE:
+        running.alive()
+        assert (await _probe(running.port, "/readyz"))[0] == 503, f"ready while {what} is down"
+        assert (await _probe(running.port, "/healthz"))[0] == 200, f"not live while {what} is down"
+        await asyncio.sleep(0.5)
 
 
 async def _probe(port: int, path: str) -> tuple[int, dict[str, Any]]:
