@@ -6,8 +6,11 @@
   CDC_TEST_POSTGRES_DSN)
 - ``redis_client``: a client of ``redis_url`` named ``cdc-test`` (chaos tests
   never cut connections of that name)
-- ``mssql_dsn``: CDC_TEST_MSSQL_DSN, or a testcontainers SQL Server when a
-  Docker engine answers; skipped with the reason otherwise
+- ``mssql_admin_dsn``: CDC_TEST_MSSQL_DSN, or a testcontainers SQL Server when a
+  Docker engine answers; skipped with the reason otherwise (a failure under
+  CDC_TEST_MSSQL_REQUIRED=1); ``mssql_dsn``: it through each installed ODBC
+  driver (``mssql_driver``: FreeTDS, ODBC Driver 18); ``mssql_reader``: a
+  least-privileged login for the source under test (tests/mssql_env.py)
 
 Where the binaries are missing the dependent tests are skipped with the
 reason on a laptop, and fail under CI=true.
@@ -24,6 +27,7 @@ import redis.asyncio as aioredis
 
 from cdc.config import RedisConfig
 from cdc.devservers import PostgresServer, RedisCluster, RedisServer, ServerUnavailable
+from tests import mssql_env
 from tests.chaos import TEST_CLIENT
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -111,10 +115,18 @@ def pg_schema(postgres_dsn: str) -> Iterator[str]:
         conn.execute(f"drop schema if exists {name} cascade")
 
 
-# -- SQL Server: never started here; skipped (even under CI=true) when none is reachable --
+# -- SQL Server: never started here; skipped (even under CI=true) when none is reachable,
+# -- except under CDC_TEST_MSSQL_REQUIRED=1 (`make test-mssql`), where that is a failure --
 
 MSSQL_IMAGE = "mcr.microsoft.com/mssql/server:2022-latest"
 NO_MSSQL = "no SQL Server: set CDC_TEST_MSSQL_DSN or run a Docker engine"
+MSSQL_SA_PASSWORD = "Cdc-Test-1234"
+
+
+def no_mssql(reason: str) -> None:
+    if mssql_env.REQUIRED:
+        pytest.fail(f"CDC_TEST_MSSQL_REQUIRED=1 but {reason}")
+    pytest.skip(reason)
 
 
 def _docker_answers() -> bool:
@@ -142,28 +154,54 @@ def _docker_answers() -> bool:
 
 
 @pytest.fixture(scope="session")
-def mssql_dsn() -> Iterator[str]:
-    """An ODBC DSN of a SQL Server database the tests may alter (tracking, tables).
-
-    CDC_TEST_MSSQL_DSN as given; else a SQL Server 2022 container, reached with
-    FreeTDS, in which a fresh CdcTest database is created."""
+def mssql_admin_dsn() -> Iterator[str]:
+    """The administrator's DSN of a database the tests may alter (tracking, tables, logins):
+    CDC_TEST_MSSQL_DSN as given; else a SQL Server 2022 container (SA), in which a
+    fresh CdcTest database is created."""
     if os.environ.get("CDC_TEST_MSSQL_DSN"):
         yield os.environ["CDC_TEST_MSSQL_DSN"]
         return
     if not _docker_answers():
-        pytest.skip(NO_MSSQL)
-    import pyodbc
+        no_mssql(NO_MSSQL)
     from testcontainers.community.mssql import SqlServerContainer
 
-    with SqlServerContainer(MSSQL_IMAGE, password="Cdc-Test-1234") as server:
-        host, port = server.get_container_host_ip(), server.get_exposed_port(1433)
-        base = f"DRIVER={{FreeTDS}};SERVER={host};PORT={port};UID=SA;PWD=Cdc-Test-1234;TDS_Version=7.4"
-        conn = pyodbc.connect(base + ";DATABASE=master", autocommit=True, timeout=30)
-        try:
-            conn.execute("CREATE DATABASE CdcTest")
-        finally:
-            conn.close()
-        yield base + ";DATABASE=CdcTest"
+    with SqlServerContainer(MSSQL_IMAGE, password=MSSQL_SA_PASSWORD) as server:
+        host, port = server.get_container_host_ip(), int(server.get_exposed_port(1433))
+        endpoint = mssql_env.Endpoint(host, port, "master", "SA", MSSQL_SA_PASSWORD)
+        mssql_env.run(
+            endpoint.dsn(MSSQL_DRIVERS[0] if MSSQL_DRIVERS else "FreeTDS"), "CREATE DATABASE CdcTest"
+        )
+        yield endpoint.dsn(MSSQL_DRIVERS[0] if MSSQL_DRIVERS else "FreeTDS", database="CdcTest")
+
+
+MSSQL_DRIVERS = mssql_env.installed_drivers()
+
+
+@pytest.fixture(
+    scope="session",
+    params=MSSQL_DRIVERS or [None],
+    ids=[mssql_env.DRIVER_IDS[d] for d in MSSQL_DRIVERS] or ["no-driver"],
+)
+def mssql_driver(request: pytest.FixtureRequest) -> str:
+    """Each installed SQL Server ODBC driver in turn (FreeTDS, Microsoft ODBC Driver 18)."""
+    if request.param is None:
+        no_mssql("no SQL Server ODBC driver is installed (FreeTDS or ODBC Driver 18 for SQL Server)")
+    return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def mssql_dsn(mssql_admin_dsn: str, mssql_driver: str) -> str:
+    """The administrator's DSN, through ``mssql_driver``."""
+    return mssql_env.dsn_for(mssql_admin_dsn, mssql_driver)
+
+
+@pytest.fixture(scope="session")
+def mssql_reader(mssql_dsn: str, mssql_driver: str) -> Iterator[mssql_env.LeastPrivilegeLogin]:
+    """A login that is not SA: SELECT and VIEW CHANGE TRACKING on the tables a test grants
+    it (SQLSERVER.md §2), for the source under test."""
+    login = mssql_env.LeastPrivilegeLogin.create(mssql_dsn, mssql_driver)
+    yield login
+    login.drop()
 
 
 @pytest.fixture(params=["single", pytest.param("cluster", marks=pytest.mark.cluster)])

@@ -297,7 +297,10 @@ class MssqlSource:
     # -- setting tracking up
 
     async def tracking_enable(self, tables: Sequence[TableConfig]) -> list[str]:
-        return await self._link.run(lambda conn: enable(conn, tables, self.config.retention))
+        # a connection of its own for ALLOW_SNAPSHOT_ISOLATION ON, which waits for open transactions
+        return await self._link.run(
+            lambda conn: enable(conn, tables, self.config.retention, self._open_connection)
+        )
 
     async def tracking_disable(self, tables: Sequence[TableConfig]) -> list[str]:
         return await self._link.run(lambda conn: disable(conn, tables))

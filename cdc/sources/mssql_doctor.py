@@ -3,6 +3,15 @@
 Snapshot isolation, database change tracking, retention against
 ``source.retention``, and per table: permissions, tracking, column tracking,
 and columns changed since this sidecar described the table.
+
+Permissions are what the reads need, no more: ``VIEW CHANGE TRACKING`` on the
+table, and ``SELECT`` on the columns they name (the primary key, read from
+CHANGETABLE, and the published columns, read from the table). SQL Server lets
+SELECT be granted per column, and a login so granted has no SELECT on the
+table as a whole, so the check is per column: ``HAS_PERMS_BY_NAME(table,
+'OBJECT', 'SELECT', column, 'COLUMN')`` ("HAS_PERMS_BY_NAME (Transact-SQL)",
+learn.microsoft.com: the sub-securable is the column's plain name, never
+bracketed; 1 granted, 0 not, NULL when the check fails).
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ from cdc.errors import SchemaError, TrackingNotEnabled, UnsupportedType
 from cdc.sources import mssql_sql as sql
 from cdc.sources.base import Finding
 from cdc.sources.mssql_catalog import DescribedTable, TableName, describe, not_tracked, shape_change
-from cdc.sources.mssql_link import fetch_one
+from cdc.sources.mssql_link import fetch_all, fetch_one
 from cdc.sources.mssql_tracking import database_settings
 
 
@@ -80,24 +89,85 @@ def doctor(
     return findings
 
 
-def _table_findings(conn: Any, table_config: TableConfig, known: DescribedTable | None) -> list[Finding]:
+# One row per column asked about, in the order asked: (n, column, can_select). The
+# names are parameters in a VALUES list, the table's name too (OBJECT_ID's text).
+_COLUMN_SELECT = (
+    "SELECT c.n, c.name, HAS_PERMS_BY_NAME(?, N'OBJECT', N'SELECT', c.name, N'COLUMN') AS can_select "
+    "FROM (VALUES {rows}) AS c(n, name) ORDER BY c.n"
+)
+
+
+def column_select(schema: str, name: str, columns: Sequence[str]) -> sql.Statement:
+    """Whether the login may SELECT each of ``columns`` of the table."""
+    if not 0 < len(columns) < sql.MAX_PARAMETERS:
+        raise ValueError(f"ask about 1 to {sql.MAX_PARAMETERS - 1} columns, not {len(columns)}")
+    rows = ", ".join(f"({n}, ?)" for n in range(len(columns)))  # n: a position, never a name
+    return sql.Statement(_COLUMN_SELECT.format(rows=rows), (sql.qualified(schema, name), *columns))
+
+
+def _grant(permission: str, schema: str, name: str, columns: Sequence[str] = ()) -> str:
+    listed = f" ({', '.join(sql.quote(c) for c in columns)})" if columns else ""
+    return f"GRANT {permission} ON {sql.qualified(schema, name)}{listed} TO <the sidecar's user>"
+
+
+def view_tracking_findings(table_config: TableConfig, can_view: Any) -> list[Finding]:
+    """The VIEW CHANGE TRACKING check: without it CHANGE_TRACKING_MIN_VALID_VERSION is NULL."""
+    if can_view is None:
+        return [Finding("error", table_config.table, "the table does not exist, or the login cannot see it")]
+    if can_view:
+        return []
+    grant = _grant("VIEW CHANGE TRACKING", table_config.schema, table_config.name)
+    return [
+        Finding(
+            "error",
+            table_config.table,
+            f"the login lacks the VIEW CHANGE TRACKING permission on it (CHANGE_TRACKING_MIN_VALID_VERSION "
+            f"reads NULL, so no change can be read): {grant}",
+        )
+    ]
+
+
+def column_findings(
+    table_config: TableConfig, key: Sequence[str], columns: Sequence[str], rows: Sequence[Any]
+) -> list[Finding]:
+    """The SELECT check, from ``column_select``'s rows: each key or published
+    column the login may not SELECT is named, with the GRANT that fixes it."""
+    granted = {str(row[1]): row[2] for row in rows}
+    needed = list(dict.fromkeys([*key, *columns]))
+    denied = [c for c in needed if granted.get(c) == 0]
+    unknown = [c for c in needed if granted.get(c) is None]
     out: list[Finding] = []
-    can_select, can_view = fetch_one(conn, sql.table_permissions(table_config.schema, table_config.name))
-    for permission, granted in (("SELECT", can_select), ("VIEW CHANGE TRACKING", can_view)):
-        if granted is None:
-            out.append(
-                Finding("error", table_config.table, "the table does not exist, or the login cannot see it")
+    if denied:
+        keys = [c for c in denied if c in key]
+        what = "primary-key column(s) " + ", ".join(keys) if keys else ""
+        published = [c for c in denied if c not in key]
+        if published:
+            what += ("; " if what else "") + "published column(s) " + ", ".join(published)
+        out.append(
+            Finding(
+                "error",
+                table_config.table,
+                f"the login lacks SELECT on {what}: the reads select every key and published column. "
+                f"{_grant('SELECT', table_config.schema, table_config.name, denied)} (or SELECT on the table), "
+                "or leave published columns out of `columns:`",
+                {"columns_without_select": denied},
             )
-            break
-        if not granted:
-            out.append(
-                Finding(
-                    "error",
-                    table_config.table,
-                    f"the login lacks the {permission} permission on it: "
-                    f"GRANT {permission} ON {sql.qualified(table_config.schema, table_config.name)} TO <the sidecar's user>",
-                )
+        )
+    if unknown:
+        out.append(
+            Finding(
+                "warning",
+                table_config.table,
+                f"could not check SELECT on column(s) {', '.join(unknown)} (HAS_PERMS_BY_NAME gave no answer)",
             )
+        )
+    return out
+
+
+def _table_findings(conn: Any, table_config: TableConfig, known: DescribedTable | None) -> list[Finding]:
+    # (table-level SELECT, VIEW CHANGE TRACKING): only the second is used; SELECT is checked per column
+    _, can_view = fetch_one(conn, sql.table_permissions(table_config.schema, table_config.name))
+    out = view_tracking_findings(table_config, can_view)
     try:
         described = describe(
             conn, TableName(table_config.table, table_config.schema, table_config.name), table_config.columns
@@ -105,6 +175,9 @@ def _table_findings(conn: Any, table_config: TableConfig, known: DescribedTable 
     except (SchemaError, TrackingNotEnabled, UnsupportedType) as exc:
         out.append(Finding("error", table_config.table, str(exc)))
         return out
+    info = described.info
+    rows = fetch_all(conn, column_select(table_config.schema, table_config.name, info.column_names))
+    out += column_findings(table_config, info.primary_key, info.column_names, rows)
     if not described.tracked:
         out.append(
             Finding(

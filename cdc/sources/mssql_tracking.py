@@ -9,7 +9,7 @@ the database-level settings.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,7 @@ import pyodbc
 
 from cdc.config import TableConfig
 from cdc.errors import SchemaError
+from cdc.sources import mssql_isolation as isolation
 from cdc.sources import mssql_sql as sql
 from cdc.sources.base import TrackingStatus
 from cdc.sources.mssql_errors import NO_PRIMARY_KEY, error_parts
@@ -51,12 +52,25 @@ def database_settings(conn: Any) -> DatabaseSettings:
     )
 
 
-def enable(conn: Any, tables: Sequence[TableConfig], retention: float) -> list[str]:
+def enable(
+    conn: Any, tables: Sequence[TableConfig], retention: float, opener: Callable[[], Any] | None = None
+) -> list[str]:
+    """Turn on what is off. ``opener`` gives a new connection: turning snapshot
+    isolation on waits for the database's open transactions, on a connection
+    of its own (``mssql_isolation``); without one it runs on ``conn``, under
+    its query timeout."""
     done: list[str] = []
     db = database_settings(conn)
-    if db.snapshot_state in (0, 2):
-        execute(conn, sql.ENABLE_SNAPSHOT_ISOLATION)
-        done.append(f"database {db.name}: ALLOW_SNAPSHOT_ISOLATION ON")
+    if db.snapshot_state in (0, 2):  # OFF, or IN_TRANSITION_TO_OFF
+        if opener is None:
+            execute(conn, sql.ENABLE_SNAPSHOT_ISOLATION)
+            done.append(f"database {db.name}: ALLOW_SNAPSHOT_ISOLATION ON")
+        else:
+            done.append(isolation.turn_on(conn, opener, db.name))
+    elif db.snapshot_state == 3:  # IN_TRANSITION_TO_ON: another session's ALTER waits
+        own = fetch_scalar(conn, isolation.SESSION_ID)
+        writers = isolation.open_writers(conn, -1 if own is None else int(own))
+        done.append(isolation.pending_message(db.name, writers))
     amount, unit = sql.retention(retention)
     wanted = f"{amount} {unit}"
     if not db.tracking:
@@ -65,6 +79,12 @@ def enable(conn: Any, tables: Sequence[TableConfig], retention: float) -> list[s
             f"database {db.name}: CHANGE_TRACKING = ON (CHANGE_RETENTION = {wanted}, AUTO_CLEANUP = ON)"
         )
     elif db.retention is not None and db.retention < sql.retention_seconds(amount, unit):
+        # CHANGE_RETENTION alone: AUTO_CLEANUP is left as it is. Microsoft documents that
+        # enabling Auto Clean-Up "resets any previous custom retention period to the default
+        # retention period of 2 days" (Database Properties (ChangeTracking Page) and SMO's
+        # Database.ChangeTrackingAutoCleanUp, learn.microsoft.com); the ALTER DATABASE SET
+        # options page says nothing of it for T-SQL. Not sending AUTO_CLEANUP here leaves
+        # the question moot.
         execute(conn, sql.set_retention(retention))
         done.append(f"database {db.name}: CHANGE_RETENTION {db.retention_text} -> {wanted}")
     else:

@@ -1,10 +1,17 @@
 """The SQL Server source against a real SQL Server (``mssql_dsn``).
 
 These run wherever a SQL Server is reachable: CDC_TEST_MSSQL_DSN (a database
-in which the login may ALTER DATABASE and create tables), or a SQL Server 2022
-container when a Docker engine answers. Otherwise they are skipped with the
-reason, even under CI=true: no SQL Server can run on the project's machines,
-so none of this has been run there yet.
+in which the login may ALTER DATABASE, create tables and logins), or a SQL
+Server 2022 container when a Docker engine answers; once per installed ODBC
+driver (FreeTDS, Microsoft ODBC Driver 18). Otherwise they are skipped with
+the reason, even under CI=true (a failure under `make test-mssql`): no SQL
+Server can run on the project's machines, so none of this has been run there
+yet.
+
+The source under test connects as a least-privileged login (``mssql_reader``:
+SELECT and VIEW CHANGE TRACKING on the tables it is given, SQLSERVER.md §2),
+never as the administrator: setting tracking up, which needs ALTER, goes
+through the administrator's source (``LeastPrivilegeSource``).
 
 The last section takes a table through one DDL step per test (ADD COLUMN with
 and without a DEFAULT, DROP COLUMN, DROP + ADD of a column under its name,
@@ -15,9 +22,10 @@ disabled and enabled again) and checks what the sidecar relies on at each.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -30,6 +38,8 @@ from cdc.sources.base import ChangeRow, TableInfo, TrackingStatus
 from cdc.sources.mssql import MssqlSource
 from cdc.templates import Template
 from cdc.values import encode_value
+from tests.e2e import wait_for
+from tests.mssql_env import Endpoint, LeastPrivilegeLogin
 
 pytestmark = pytest.mark.mssql
 
@@ -72,9 +82,39 @@ def table(mssql_dsn: str) -> Iterator[TableConfig]:
     run(mssql_dsn, f"DROP TABLE IF EXISTS dbo.{name}")
 
 
+class LeastPrivilegeSource(MssqlSource):
+    """The source under test, connected as ``reader``. Enabling and disabling
+    tracking (ALTER DATABASE, ALTER TABLE) go through ``admin``, and a table
+    enabled is granted to the reader: what an operator does once."""
+
+    def __init__(self, reader: LeastPrivilegeLogin, admin: MssqlSource) -> None:
+        super().__init__(SourceConfig(kind="mssql", dsn=reader.dsn))
+        self.reader = reader
+        self.admin = admin
+
+    async def tracking_enable(self, tables: Sequence[TableConfig]) -> list[str]:
+        done = await self.admin.tracking_enable(tables)
+        for table in tables:
+            self.reader.grant(table.table)
+        return done
+
+    async def tracking_disable(self, tables: Sequence[TableConfig]) -> list[str]:
+        return await self.admin.tracking_disable(tables)
+
+
 @pytest.fixture
-async def source(mssql_dsn: str) -> AsyncIterator[MssqlSource]:
+async def admin(mssql_dsn: str) -> AsyncIterator[MssqlSource]:
     source = MssqlSource(SourceConfig(kind="mssql", dsn=mssql_dsn))
+    await source.connect()
+    yield source
+    await source.close()
+
+
+@pytest.fixture
+async def source(
+    mssql_reader: LeastPrivilegeLogin, admin: MssqlSource
+) -> AsyncIterator[LeastPrivilegeSource]:
+    source = LeastPrivilegeSource(mssql_reader, admin)
     await source.connect()
     yield source
     await source.close()
@@ -456,7 +496,9 @@ async def test_drop_table(source: MssqlSource, table: TableConfig, mssql_dsn: st
     assert (status.enabled, status.min_valid_version) == (False, None)
 
 
-async def test_drop_create_and_enable_again(source: MssqlSource, table: TableConfig, mssql_dsn: str) -> None:
+async def test_drop_create_and_enable_again(
+    source: LeastPrivilegeSource, table: TableConfig, mssql_dsn: str
+) -> None:
     """DROP TABLE removes the table's tracking: created again, it is another
     object, not tracked until `cdc tracking enable`; then its minimum valid
     version is the version of that moment, so an old checkpoint has expired."""
@@ -471,6 +513,7 @@ async def test_drop_create_and_enable_again(source: MssqlSource, table: TableCon
         "Status nvarchar(20) NULL, Doubled AS (Id * 2))",
         f"INSERT INTO {table.table} (Id, Price, Status) VALUES (3, 3.00, 'new')",
     )
+    source.reader.grant(table.table)  # a new object: the old one's permissions went with it
     created = await described_again(source, table, info)
     assert created.identity != info.identity and created.column_names == info.column_names
     with pytest.raises(SchemaError, match="dropped and created again"):
@@ -518,3 +561,85 @@ async def test_tracking_disabled_and_enabled_again(
         await source.read_changes(on, checkpoint, limit=10)
     rows = await snapshot_rows(source, on)
     assert [(r["Id"], r["Status"]) for r in rows] == [(1, "unseen"), (2, "b")]
+
+
+# -- permissions and set-up (issue 14 items 9 and 12) --------------------------------------------
+
+
+async def test_doctor_accepts_column_level_select_and_names_a_column_without_it(
+    admin: MssqlSource, table: TableConfig, mssql_dsn: str, mssql_driver: str
+) -> None:
+    """SELECT granted on some columns only: doctor names exactly the others;
+    granted on every key and published column (never on the table): no error."""
+    await admin.tracking_enable([table])
+    reader = LeastPrivilegeLogin.create(mssql_dsn, mssql_driver)
+    source = MssqlSource(SourceConfig(kind="mssql", dsn=reader.dsn))
+    try:
+        reader.grant_columns(table.table, ["Id", "Price"])
+        await source.connect()
+        [error] = [f for f in await source.doctor([table]) if f.level == "error"]
+        assert "published column(s) Status, Doubled" in error.message
+        assert f"GRANT SELECT ON [dbo].[{table.name}] ([Status], [Doubled])" in error.message
+        reader.grant_columns(table.table, ["Status", "Doubled"])
+        findings = await source.doctor([table])
+        assert [f for f in findings if f.level == "error"] == [], findings
+        info = await source.describe(table)  # and the reads work with column grants alone
+        since = await admin.current_version()
+        run(mssql_dsn, f"INSERT INTO {table.table} (Id, Price, Status) VALUES (1, 1.00, 'a')")
+        [row], _ = await changes(source, info, since)
+        assert (row.op, row.key) == ("I", {"Id": 1})
+    finally:
+        await source.close()
+        reader.drop()
+
+
+@pytest.fixture
+def own_database(mssql_dsn: str, mssql_driver: str) -> Iterator[str]:
+    """A database of its own (snapshot isolation OFF), dropped afterwards: the DSN of it."""
+    name = "CdcIso_" + uuid.uuid4().hex[:8]
+    run(mssql_dsn, f"CREATE DATABASE [{name}]")
+    yield Endpoint.from_dsn(mssql_dsn).dsn(mssql_driver, database=name)
+    run(
+        mssql_dsn,
+        f"ALTER DATABASE [{name}] SET SINGLE_USER WITH ROLLBACK IMMEDIATE",
+        f"DROP DATABASE [{name}]",
+    )
+
+
+async def test_enable_waits_for_an_open_transaction_and_says_which(
+    own_database: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ALTER DATABASE ... ALLOW_SNAPSHOT_ISOLATION ON waits for the transactions
+    writing to the database; `cdc tracking enable` says which, and finishes
+    once it is committed (on main: a query timeout, "SQL Server is unavailable")."""
+    from cdc.sources import mssql_isolation
+
+    monkeypatch.setattr(mssql_isolation, "PROGRESS_EVERY", 0.5)
+    caplog.set_level("WARNING", logger="cdc.sources.mssql")
+    run(own_database, "CREATE TABLE dbo.T (Id int NOT NULL PRIMARY KEY)")
+    writer = pyodbc.connect(own_database, autocommit=False, timeout=30)
+    source = MssqlSource(SourceConfig(kind="mssql", dsn=own_database, query_timeout=2.0))
+    try:
+        writer.execute("INSERT INTO dbo.T (Id) VALUES (1)")  # open, not committed
+        session = writer.execute("SELECT @@SPID").fetchone()[0]
+        await source.connect()
+        enabling = asyncio.ensure_future(source.tracking_enable([]))
+
+        async def named() -> bool:
+            return any(f"session {session}" in r.getMessage() for r in caplog.records)
+
+        await wait_for(named, 30, "a message naming the open transaction's session")
+        assert not enabling.done()
+        writer.commit()
+        done = await asyncio.wait_for(enabling, 60)
+        assert done[0].startswith("database CdcIso_") and "ALLOW_SNAPSHOT_ISOLATION ON" in done[0]
+        assert (
+            scalar(
+                own_database,
+                "SELECT snapshot_isolation_state_desc FROM sys.databases WHERE database_id = DB_ID()",
+            )
+            == "ON"
+        )
+    finally:
+        writer.close()
+        await source.close()
