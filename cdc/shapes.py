@@ -59,7 +59,11 @@ def identity_change(old: str, new: str) -> str:
     was, now = identity_parts(old), identity_parts(new)
 
     def moved(*labels: str) -> list[str]:
-        return [f"{label} {was.get(label)} -> {now.get(label)}" for label in labels if was.get(label) != now.get(label)]
+        return [
+            f"{label} {was.get(label)} -> {now.get(label)}"
+            for label in labels
+            if was.get(label) != now.get(label)
+        ]
 
     database = moved("database", "fork")
     if database:

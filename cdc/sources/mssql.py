@@ -12,16 +12,18 @@ PostgreSQL one's:
 - ``mssql_reads``: changes and snapshots, each in one SNAPSHOT transaction;
 - ``mssql_tracking``: enable, disable, status;
 - ``mssql_doctor``: what will go wrong;
-- ``mssql_sql``: the T-SQL text; ``mssql_types``: the type mapping.
+- ``mssql_sql``: the T-SQL text; ``mssql_types``: the type mapping;
+- ``mssql_watcher``: the per-database version watcher, which wakes idle
+  tables and answers the reads that cannot find anything.
 
 Connections, each with its own job: one link for describe, versions and
 administration; idle readers for reads, a paged read holding its SNAPSHOT
-transaction open on one of them until its last page; one per snapshot.
+transaction open on one of them until its last page; one per snapshot; one
+for the version watcher's ticks.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -42,6 +44,7 @@ from cdc.sources.mssql_held import HeldRead, HeldReads
 from cdc.sources.mssql_link import (
     Link,
     execute,
+    fetch_one,
     fetch_scalar,
     open_connection,
     prepare_connection,
@@ -59,6 +62,7 @@ from cdc.sources.mssql_reads import (
     snapshot_row,
 )
 from cdc.sources.mssql_tracking import disable, enable, status
+from cdc.sources.mssql_watcher import Tick, VersionWatcher, WatchedReads, watched
 
 T = TypeVar("T")
 
@@ -79,6 +83,11 @@ class MssqlSource:
         self._readers: list[Link] = []  # idle: no transaction open
         # table (lower case) -> its paged read, rolled back should its caller go (mssql_held)
         self._held = HeldReads(lambda link: self._release(link, rollback=True))
+        # The version watcher ticks on a link of its own (mssql_watcher), started by the
+        # first wait_for_changes: the pipeline's listen loop.
+        self._watch_link = Link(self._open_connection, config.dsn, "cdc-mssql-watch")
+        self._watcher = VersionWatcher(self._tick, self._described_tables)
+        self._watch = WatchedReads(self._watcher, self._database_identity)
 
     # -- connections
 
@@ -92,6 +101,8 @@ class MssqlSource:
 
     async def close(self) -> None:
         """Close every connection; a paged read still held is rolled back."""
+        await self._watcher.close()
+        await self._watch_link.close()
         await self._held.settled()
         links = [held.link for held in self._held.take_all()] + self._readers
         self._readers = []
@@ -162,6 +173,7 @@ class MssqlSource:
             raise TrackingNotEnabled("CHANGE_TRACKING_CURRENT_VERSION() is NULL: change tracking is off")
         return int(version)
 
+    @watched  # a read known to find nothing is answered at once; the database checked (mssql_watcher)
     async def read_changes(
         self,
         info: TableInfo,
@@ -281,14 +293,27 @@ class MssqlSource:
             await link.close()  # rolls back first when the snapshot was abandoned or failed
 
     async def wait_for_changes(self, timeout: float) -> set[str]:
-        """SQL Server Change Tracking has no notification: sleep, report nothing."""
-        if timeout > 0:
-            await asyncio.sleep(timeout)
-        return set()
+        """The described tables, as soon as the database's current version (or
+        its identity, or its tracked tables) moves; empty after ``timeout``
+        (``mssql_watcher``: one cheap statement a tick on a link of its own)."""
+        return await self._watcher.wait(timeout)
 
     def quiet_for(self, info: TableInfo, since: int) -> float:
-        """Never known: without notifications, only a read can tell."""
-        return 0.0
+        """How long a read of ``info`` from ``since`` is known to find nothing
+        unless ``wait_for_changes`` reports it first (``mssql_watcher``)."""
+        return self._watch.quiet_for(info, since)
+
+    async def _tick(self) -> Tick:
+        row = await self._watch_link.run(lambda conn: fetch_one(conn, sql.WATCH_TICK), "version watcher")
+        version, database, tracked = row
+        return Tick(None if version is None else int(version), str(database), str(tracked))
+
+    async def _database_identity(self) -> str:
+        """The database's identity now (no fresh tick has it): on the describe link, READ COMMITTED."""
+        return str(await self._link.run(lambda conn: fetch_scalar(conn, sql.DATABASE_IDENTITY)))
+
+    def _described_tables(self) -> set[str]:
+        return {described.info.table for described in self._tables.values()}
 
     async def cleanup(self, retention: float) -> int:
         """SQL Server cleans its change tracking up itself (AUTO_CLEANUP)."""

@@ -61,7 +61,9 @@ def check_identity(info: TableInfo, identity: Any) -> None:
     now = identity_parts(str(identity))
     was = {label: value for label, value in identity_parts(info.identity).items() if label in now}
     if was != now:
-        change = identity_change("; ".join(f"{label} {value}".strip() for label, value in was.items()), str(identity))
+        change = identity_change(
+            "; ".join(f"{label} {value}".strip() for label, value in was.items()), str(identity)
+        )
         described = "; ".join(f"{label or 'object_id'} {value}" for label, value in was.items())
         raise SchemaError(
             f"{info.table}: {change} since it was described "

@@ -170,11 +170,9 @@ _DATABASE_IDENTITY = (
     "CONCAT(N'database ', ISNULL(CAST(drs.database_guid AS nvarchar(36)), N'hidden'), "
     "N'; fork ', ISNULL(CAST(drs.recovery_fork_guid AS nvarchar(36)), N'hidden'))"
 )
-_THIS_DATABASE = (
-    "LEFT JOIN sys.database_recovery_status AS drs ON drs.database_id = DB_ID()"
-)
+_THIS_DATABASE = "LEFT JOIN sys.database_recovery_status AS drs ON drs.database_id = DB_ID()"
 DATABASE_IDENTITY = Statement(
-    f"SELECT {_DATABASE_IDENTITY} AS database_identity FROM (VALUES (1)) AS x(one) {_THIS_DATABASE}"
+    f"SELECT {_DATABASE_IDENTITY} AS database_identity FROM (VALUES (1)) AS x(one) {_THIS_DATABASE}"  # noqa: S608 - constants only
 )
 # One tick of the version watcher (``mssql_watcher``): the current version, the
 # database's identity, and a summary of sys.change_tracking_tables (one row per
@@ -184,7 +182,7 @@ DATABASE_IDENTITY = Statement(
 # One cheap statement, no transaction: a catalog view of at most a row per
 # tracked table.
 WATCH_TICK = Statement(
-    "SELECT CHANGE_TRACKING_CURRENT_VERSION() AS current_version, "
+    "SELECT CHANGE_TRACKING_CURRENT_VERSION() AS current_version, "  # noqa: S608 - constants only
     f"{_DATABASE_IDENTITY} AS database_identity, "
     "(SELECT CONCAT(COUNT_BIG(*), N' ', MAX(ctt.begin_version), N' ', "
     "CHECKSUM_AGG(CHECKSUM(ctt.object_id, ctt.begin_version))) FROM sys.change_tracking_tables AS ctt) "
@@ -413,7 +411,7 @@ _IDENTITY = (
     f"ISNULL(CAST(ctt.begin_version AS nvarchar(20)), N'off'), N'; ', {_DATABASE_IDENTITY}) END"
 )
 FINGERPRINT = (
-    f"SELECT r.n, {_IDENTITY} AS table_identity, CONCAT({_IDENTITY}, N'; columns ', "
+    f"SELECT r.n, {_IDENTITY} AS table_identity, CONCAT({_IDENTITY}, N'; columns ', "  # noqa: S608 - constants
     "(SELECT STRING_AGG(CAST(CONCAT(c.column_id, N' ', QUOTENAME(c.name), N' ', c.system_type_id, N'/', "
     "c.user_type_id, N' ', c.max_length, N' ', c.precision, N' ', c.scale, N' ', c.is_nullable, "
     "c.is_computed) AS nvarchar(max)), N', ') WITHIN GROUP (ORDER BY c.column_id) "
