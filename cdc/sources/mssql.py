@@ -19,7 +19,8 @@ PostgreSQL one's:
 Connections, each with its own job: one link for describe, versions and
 administration; idle readers for reads, a paged read holding its SNAPSHOT
 transaction open on one of them until its last page; one per snapshot; one
-for the version watcher's ticks.
+for the version watcher's ticks (started by the first ``wait_for_changes``:
+the pipeline's listen loop).
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ from cdc.sources.mssql_held import HeldRead, HeldReads
 from cdc.sources.mssql_link import (
     Link,
     execute,
-    fetch_one,
     fetch_scalar,
     open_connection,
     prepare_connection,
@@ -62,7 +62,7 @@ from cdc.sources.mssql_reads import (
     snapshot_row,
 )
 from cdc.sources.mssql_tracking import disable, enable, status
-from cdc.sources.mssql_watcher import Tick, VersionWatcher, WatchedReads, watched
+from cdc.sources.mssql_watcher import VersionWatcher, WatchedReads, read_database_identity, read_tick, watched
 
 T = TypeVar("T")
 
@@ -83,11 +83,10 @@ class MssqlSource:
         self._readers: list[Link] = []  # idle: no transaction open
         # table (lower case) -> its paged read, rolled back should its caller go (mssql_held)
         self._held = HeldReads(lambda link: self._release(link, rollback=True))
-        # The version watcher ticks on a link of its own (mssql_watcher), started by the
-        # first wait_for_changes: the pipeline's listen loop.
         self._watch_link = Link(self._open_connection, config.dsn, "cdc-mssql-watch")
-        self._watcher = VersionWatcher(self._tick, self._described_tables)
-        self._watch = WatchedReads(self._watcher, self._database_identity)
+        tables = lambda: {described.info.table for described in self._tables.values()}  # noqa: E731
+        self._watcher = VersionWatcher(lambda: self._watch_link.run(read_tick), tables)
+        self._watch = WatchedReads(self._watcher, lambda: self._link.run(read_database_identity))
 
     # -- connections
 
@@ -293,27 +292,12 @@ class MssqlSource:
             await link.close()  # rolls back first when the snapshot was abandoned or failed
 
     async def wait_for_changes(self, timeout: float) -> set[str]:
-        """The described tables, as soon as the database's current version (or
-        its identity, or its tracked tables) moves; empty after ``timeout``
-        (``mssql_watcher``: one cheap statement a tick on a link of its own)."""
+        """The described tables once the database's version, identity or tracked
+        tables move; empty after ``timeout`` (``mssql_watcher``)."""
         return await self._watcher.wait(timeout)
 
     def quiet_for(self, info: TableInfo, since: int) -> float:
-        """How long a read of ``info`` from ``since`` is known to find nothing
-        unless ``wait_for_changes`` reports it first (``mssql_watcher``)."""
-        return self._watch.quiet_for(info, since)
-
-    async def _tick(self) -> Tick:
-        row = await self._watch_link.run(lambda conn: fetch_one(conn, sql.WATCH_TICK), "version watcher")
-        version, database, tracked = row
-        return Tick(None if version is None else int(version), str(database), str(tracked))
-
-    async def _database_identity(self) -> str:
-        """The database's identity now (no fresh tick has it): on the describe link, READ COMMITTED."""
-        return str(await self._link.run(lambda conn: fetch_scalar(conn, sql.DATABASE_IDENTITY)))
-
-    def _described_tables(self) -> set[str]:
-        return {described.info.table for described in self._tables.values()}
+        return self._watch.quiet_for(info, since)  # how long a read finds nothing (mssql_watcher)
 
     async def cleanup(self, retention: float) -> int:
         """SQL Server cleans its change tracking up itself (AUTO_CLEANUP)."""

@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cdc.sources import mssql_sql_identity as identity
+
 MAX_PARAMETERS = 2100  # SQL Server's limit on parameters per request
 _IDENTIFIER_MAX = 128
 _SQL_TYPE = re.compile(r"^[a-z][a-z0-9]*(\((max|\d+)(,\d+)?\))?$")
@@ -119,75 +121,21 @@ ROLLBACK = "IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION"
 # -- versions ------------------------------------------------------------------
 
 CURRENT_VERSION = Statement("SELECT CHANGE_TRACKING_CURRENT_VERSION() AS current_version")
-
-
-# The table's identity as a read checks it, in its own SNAPSHOT transaction:
-# which object the name is now, and when its change tracking began.
-# sys.change_tracking_tables.begin_version is the "version of the database when
-# change tracking began for the table ... reset if the table is truncated"
-# (sys.change_tracking_tables (Transact-SQL), learn.microsoft.com), and a table
-# whose tracking is disabled and enabled again gets a new row there: so a
-# TRUNCATE, or tracking turned off and on, changes it even when no version check
-# can tell (nothing committed since, or a caught-up poller). The view lists what
-# the login has a permission on (metadata visibility), which SELECT on the table
-# gives. NULL when the name is no table.
-_TABLE_IDENTITY = (
-    "CASE WHEN OBJECT_ID(?) IS NULL THEN NULL ELSE CONCAT(N'object ', OBJECT_ID(?), N'; tracking since ', "
-    "ISNULL((SELECT CAST(ctt.begin_version AS nvarchar(20)) FROM sys.change_tracking_tables AS ctt "
-    "WHERE ctt.object_id = OBJECT_ID(?)), N'off')) END"
-)
+DATABASE_IDENTITY = Statement(identity.DATABASE_IDENTITY)  # (mssql_sql_identity says why)
+WATCH_TICK = Statement(identity.WATCH_TICK)  # one tick of the version watcher (mssql_watcher)
 
 
 def min_valid_version(schema: str, name: str) -> Statement:
-    """The table's minimum valid version and its identity now (``_TABLE_IDENTITY``:
+    """The table's minimum valid version and its identity now (``mssql_sql_identity.TABLE_IDENTITY``:
     object_id and the version its tracking began at), in one round trip: the
     identity tells a read whether the table it described is the one it is
     reading (a table dropped and created again under the name has a new
     object_id, a truncated one a new begin_version; NULL: gone, or renamed)."""
     return Statement(
         "SELECT CHANGE_TRACKING_MIN_VALID_VERSION(OBJECT_ID(?)) AS min_valid_version, "
-        f"{_TABLE_IDENTITY} AS table_identity",
+        f"{identity.TABLE_IDENTITY} AS table_identity",
         (qualified(schema, name),) * 4,
     )
-
-
-# The database's identity, as Microsoft recommends a synchronizing client check
-# it with each sync ("Change Tracking and Data Restore", Work with change
-# tracking, learn.microsoft.com: after a restore with data loss the version
-# climbs back past the client's checkpoint, and "the data on the client and
-# server are not synchronized"). sys.database_recovery_status: database_guid
-# ("RESTORE always generates a new GUID when you restore a database that does
-# not yet exist") and recovery_fork_guid ("the current recovery fork on which the
-# database is currently active": recovering a database to a point other than
-# the end of its log starts a new recovery path, "Recovery Paths",
-# learn.microsoft.com). Its row of the current database is visible to the
-# owner and to logins with VIEW ANY DATABASE, which public has by default ("VIEW
-# ANY DATABASE Permission", learn.microsoft.com); hidden, both are NULL and
-# only ``current < since`` tells a restore. Never read inside a SNAPSHOT
-# transaction: the view is kept in master, which need not allow snapshot
-# isolation (the watcher and describe read it at READ COMMITTED).
-_DATABASE_IDENTITY = (
-    "CONCAT(N'database ', ISNULL(CAST(drs.database_guid AS nvarchar(36)), N'hidden'), "
-    "N'; fork ', ISNULL(CAST(drs.recovery_fork_guid AS nvarchar(36)), N'hidden'))"
-)
-_THIS_DATABASE = "LEFT JOIN sys.database_recovery_status AS drs ON drs.database_id = DB_ID()"
-DATABASE_IDENTITY = Statement(
-    f"SELECT {_DATABASE_IDENTITY} AS database_identity FROM (VALUES (1)) AS x(one) {_THIS_DATABASE}"  # noqa: S608 - constants only
-)
-# One tick of the version watcher (``mssql_watcher``): the current version, the
-# database's identity, and a summary of sys.change_tracking_tables (one row per
-# tracked table the login may see: how many, the newest begin_version, a
-# checksum of (object_id, begin_version)), which moves when a visible table's
-# tracking is enabled, disabled or reset by TRUNCATE, or the table is dropped.
-# One cheap statement, no transaction: a catalog view of at most a row per
-# tracked table.
-WATCH_TICK = Statement(
-    "SELECT CHANGE_TRACKING_CURRENT_VERSION() AS current_version, "  # noqa: S608 - constants only
-    f"{_DATABASE_IDENTITY} AS database_identity, "
-    "(SELECT CONCAT(COUNT_BIG(*), N' ', MAX(ctt.begin_version), N' ', "
-    "CHECKSUM_AGG(CHECKSUM(ctt.object_id, ctt.begin_version))) FROM sys.change_tracking_tables AS ctt) "
-    f"AS tracked_tables FROM (VALUES (1)) AS x(one) {_THIS_DATABASE}"
-)
 
 
 # -- reading changes and rows ------------------------------------------------
@@ -402,16 +350,8 @@ _PER_TABLE = (
 # 8000-byte limit on wide tables. Tracking: whether sys.change_tracking_tables
 # lists the table ("one row for each table ... that has change tracking
 # enabled") and its is_track_columns_updated_on.
-# The identity of each table (``mssql_catalog``: TableInfo.identity): its
-# object_id and the version its tracking began at (as ``_TABLE_IDENTITY``),
-# then the database's (``_DATABASE_IDENTITY``), so a restore or a failover to
-# another copy changes every table's identity and fingerprint.
-_IDENTITY = (
-    "CASE WHEN o.object_id IS NULL THEN NULL ELSE CONCAT(N'object ', o.object_id, N'; tracking since ', "
-    f"ISNULL(CAST(ctt.begin_version AS nvarchar(20)), N'off'), N'; ', {_DATABASE_IDENTITY}) END"
-)
 FINGERPRINT = (
-    f"SELECT r.n, {_IDENTITY} AS table_identity, CONCAT({_IDENTITY}, N'; columns ', "  # noqa: S608 - constants
+    f"SELECT r.n, {identity.IDENTITY} AS table_identity, CONCAT({identity.IDENTITY}, N'; columns ', "  # noqa: S608 - constants
     "(SELECT STRING_AGG(CAST(CONCAT(c.column_id, N' ', QUOTENAME(c.name), N' ', c.system_type_id, N'/', "
     "c.user_type_id, N' ', c.max_length, N' ', c.precision, N' ', c.scale, N' ', c.is_nullable, "
     "c.is_computed) AS nvarchar(max)), N', ') WITHIN GROUP (ORDER BY c.column_id) "
@@ -423,7 +363,7 @@ FINGERPRINT = (
     "WHERE i.object_id = o.object_id AND i.is_primary_key = 1 AND ic.key_ordinal > 0), N'; tracking ', "
     "CASE WHEN ctt.object_id IS NULL THEN N'off' WHEN ctt.is_track_columns_updated_on = 1 "
     "THEN N'on, columns updated on' ELSE N'on, columns updated off' END) AS fingerprint "
-) + _PER_TABLE.replace("ORDER BY r.n", f"{_THIS_DATABASE} ORDER BY r.n")
+) + _PER_TABLE.replace("ORDER BY r.n", f"{identity.THIS_DATABASE} ORDER BY r.n")
 # What `cdc tracking status` reports per table. The minimum valid version is
 # read for tables sys.change_tracking_tables lists only: for any other table
 # changes are not captured, whatever the function returns.

@@ -55,7 +55,9 @@ from typing import Any, TypeVar, cast
 
 from cdc.errors import SchemaError
 from cdc.shapes import identity_change, identity_parts
+from cdc.sources import mssql_sql as sql
 from cdc.sources.base import ChangePage, TableInfo
+from cdc.sources.mssql_link import fetch_one, fetch_scalar
 
 log = logging.getLogger("cdc.sources.mssql")
 
@@ -84,6 +86,17 @@ class Tick:
 class Seen:
     tick: Tick
     at: float  # time.monotonic() when it was read
+
+
+def read_tick(conn: Any) -> Tick:
+    """One tick (``mssql_sql.WATCH_TICK``), as a unit of work on a link."""
+    version, database, tracked = fetch_one(conn, sql.WATCH_TICK)
+    return Tick(None if version is None else int(version), str(database), str(tracked))
+
+
+def read_database_identity(conn: Any) -> str:
+    """The database's identity now (``mssql_sql.DATABASE_IDENTITY``), as a unit of work."""
+    return str(fetch_scalar(conn, sql.DATABASE_IDENTITY))
 
 
 class VersionWatcher:
