@@ -220,11 +220,13 @@ class WatchedReads:
             return None
         return read if time.monotonic() - read.at < QUIET_READ_LIMIT else None
 
-    async def begin(self, info: TableInfo) -> _Read | None:
-        """A read goes to the server: check the database first; its start."""
+    async def begin(self, info: TableInfo, fresh: bool) -> _Read | None:
+        """A read goes to the server: its start. A ``fresh`` one (not a
+        continued page) has the database checked first."""
         self._reads.pop(info.table.lower(), None)  # only its outcome may allow skipping again
         seen = self.watcher.latest()
-        await self._check_database(info, None if seen is None else seen.tick.database)
+        if fresh:
+            await self._check_database(info, None if seen is None else seen.tick.database)
         return None if seen is None else _Read(seen.tick.epoch, time.monotonic())
 
     def settle(self, info: TableInfo, start: _Read | None, page: ChangePage) -> None:
@@ -258,10 +260,11 @@ def watched(read: ReadChanges) -> ReadChanges:
     @functools.wraps(read)
     async def read_changes(self: Any, info: TableInfo, since: int, **kwargs: Any) -> ChangePage:
         watch: WatchedReads = self._watch
-        skipped = watch.skip(info, since, kwargs.get("upto"), kwargs.get("after"))
+        upto, after = kwargs.get("upto"), kwargs.get("after")
+        skipped = watch.skip(info, since, upto, after)
         if skipped is not None:
             return skipped
-        start = await watch.begin(info)
+        start = await watch.begin(info, fresh=upto is None and after is None)
         page = await read(self, info, since, **kwargs)
         watch.settle(info, start, page)
         return page
