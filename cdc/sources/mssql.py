@@ -12,16 +12,19 @@ PostgreSQL one's:
 - ``mssql_reads``: changes and snapshots, each in one SNAPSHOT transaction;
 - ``mssql_tracking``: enable, disable, status;
 - ``mssql_doctor``: what will go wrong;
-- ``mssql_sql``: the T-SQL text; ``mssql_types``: the type mapping.
+- ``mssql_sql``: the T-SQL text; ``mssql_types``: the type mapping;
+- ``mssql_watcher``: the per-database version watcher, which wakes idle
+  tables and answers the reads that cannot find anything.
 
 Connections, each with its own job: one link for describe, versions and
 administration; idle readers for reads, a paged read holding its SNAPSHOT
-transaction open on one of them until its last page; one per snapshot.
+transaction open on one of them until its last page; one per snapshot; one
+for the version watcher's ticks (started by the first ``wait_for_changes``:
+the pipeline's listen loop).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -59,6 +62,7 @@ from cdc.sources.mssql_reads import (
     snapshot_row,
 )
 from cdc.sources.mssql_tracking import disable, enable, status
+from cdc.sources.mssql_watcher import VersionWatcher, WatchedReads, read_database_identity, read_tick, watched
 
 T = TypeVar("T")
 
@@ -79,6 +83,10 @@ class MssqlSource:
         self._readers: list[Link] = []  # idle: no transaction open
         # table (lower case) -> its paged read, rolled back should its caller go (mssql_held)
         self._held = HeldReads(lambda link: self._release(link, rollback=True))
+        self._watch_link = Link(self._open_connection, config.dsn, "cdc-mssql-watch")
+        tables = lambda: {described.info.table for described in self._tables.values()}  # noqa: E731
+        self._watcher = VersionWatcher(lambda: self._watch_link.run(read_tick), tables)
+        self._watch = WatchedReads(self._watcher, lambda: self._link.run(read_database_identity))
 
     # -- connections
 
@@ -92,6 +100,8 @@ class MssqlSource:
 
     async def close(self) -> None:
         """Close every connection; a paged read still held is rolled back."""
+        await self._watcher.close()
+        await self._watch_link.close()
         await self._held.settled()
         links = [held.link for held in self._held.take_all()] + self._readers
         self._readers = []
@@ -162,6 +172,7 @@ class MssqlSource:
             raise TrackingNotEnabled("CHANGE_TRACKING_CURRENT_VERSION() is NULL: change tracking is off")
         return int(version)
 
+    @watched  # a read known to find nothing is answered at once; the database checked (mssql_watcher)
     async def read_changes(
         self,
         info: TableInfo,
@@ -281,14 +292,12 @@ class MssqlSource:
             await link.close()  # rolls back first when the snapshot was abandoned or failed
 
     async def wait_for_changes(self, timeout: float) -> set[str]:
-        """SQL Server Change Tracking has no notification: sleep, report nothing."""
-        if timeout > 0:
-            await asyncio.sleep(timeout)
-        return set()
+        """The described tables once the database's version, identity or tracked
+        tables move; empty after ``timeout`` (``mssql_watcher``)."""
+        return await self._watcher.wait(timeout)
 
     def quiet_for(self, info: TableInfo, since: int) -> float:
-        """Never known: without notifications, only a read can tell."""
-        return 0.0
+        return self._watch.quiet_for(info, since)  # how long a read finds nothing (mssql_watcher)
 
     async def cleanup(self, retention: float) -> int:
         """SQL Server cleans its change tracking up itself (AUTO_CLEANUP)."""

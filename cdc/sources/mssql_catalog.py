@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from cdc.errors import MissingColumn, SchemaError
+from cdc.shapes import identity_change
 from cdc.sources import mssql_sql as sql
 from cdc.sources.base import Column, TableInfo
 from cdc.sources.mssql_link import execute, fetch_all, fetch_one
@@ -87,9 +88,10 @@ class TableName:
 
 @dataclass(frozen=True)
 class Found:
-    """A table as a fingerprint read found it."""
+    """A table as a fingerprint read found it: its identity
+    (``mssql_sql.FINGERPRINT``: object, tracking start, database) and shape."""
 
-    object_id: int
+    identity: str
     fingerprint: str
 
 
@@ -99,8 +101,8 @@ def read_fingerprints(conn: Any, names: Sequence[TableName]) -> list[Found | Non
     out: list[Found | None] = []
     for start in range(0, len(names), sql.FINGERPRINT_BATCH):
         batch = [(n.schema, n.name) for n in names[start : start + sql.FINGERPRINT_BATCH]]
-        for _, object_id, fingerprint in fetch_all(conn, sql.fingerprints(batch)):
-            out.append(None if object_id is None else Found(int(object_id), str(fingerprint)))
+        for _, identity, fingerprint in fetch_all(conn, sql.fingerprints(batch)):
+            out.append(None if identity is None else Found(str(identity), str(fingerprint)))
     return out
 
 
@@ -201,7 +203,7 @@ def _build_table(
         name=table_name.name,
         primary_key=key_names,
         columns=tuple(Column(c.name, c.declared, c.nullable) for c in published),
-        identity=str(found.object_id),
+        identity=found.identity,
         fingerprint=found.fingerprint,
     )
     return DescribedTable(info, shape, converters, always, track_columns_updated, tracking is not None)
@@ -210,7 +212,7 @@ def _build_table(
 def shape_change(was: TableInfo, now: TableInfo) -> str:
     """What differs between two descriptions of a table, in words."""
     if was.identity != now.identity:
-        return f"dropped and created again (object_id {was.identity}, now {now.identity})"
+        return f"{identity_change(was.identity, now.identity)} (identity {was.identity}, now {now.identity})"
     changes = []
     if was.primary_key != now.primary_key:
         changes.append(f"primary key ({', '.join(was.primary_key)}) is now ({', '.join(now.primary_key)})")

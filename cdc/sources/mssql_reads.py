@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cdc.errors import PoisonChange, SchemaError, SourceUnavailable, TrackingExpired, TrackingNotEnabled
+from cdc.shapes import identity_change, identity_parts
 from cdc.sources import mssql_sql as sql
 from cdc.sources.base import ChangeRow, Cursor, Op, TableInfo
 from cdc.sources.mssql_catalog import DescribedTable
@@ -37,22 +38,36 @@ from cdc.sources.mssql_types import convert
 # -- the table read is the table described ---------------------------------------
 
 
-def check_identity(info: TableInfo, object_id: Any) -> None:
-    """``object_id``: OBJECT_ID of the table's name, read in the read's own
-    transaction. A table dropped and created again under its name is another
-    object, whose tracking starts afresh (DROP TABLE removes all of a table's
-    change tracking information: "Manage change tracking", learn.microsoft.com):
-    reading it with what was described of the old one would pass its changes
-    off as the old table's."""
-    if object_id is None:
+def check_identity(info: TableInfo, identity: Any) -> None:
+    """``identity``: the table's identity now, read in the read's own
+    transaction (``mssql_sql.min_valid_version``: its object_id and the
+    version its tracking began at). A table dropped and created again under
+    its name is another object, whose tracking starts afresh (DROP TABLE
+    removes all of a table's change tracking information: "Manage change
+    tracking", learn.microsoft.com): reading it with what was described of the
+    old one would pass its changes off as the old table's. A table truncated,
+    or whose tracking was turned off and on, has a new begin_version: rows
+    removed or written meanwhile are in no change, so it is described again
+    and snapshotted (``cdc.shapes.identity_change``), even by a poller whose
+    checkpoint no version check can fault. The database's part of the
+    identity is checked apart from the transaction (``mssql_watcher``)."""
+    if identity is None:
         raise SchemaError(
             f"{info.table}: the table is gone (dropped, or renamed, or the login can no longer see it) "
             "while it was read: it will be described again"
         )
-    if info.identity and str(object_id) != info.identity:
+    if not info.identity:
+        return
+    now = identity_parts(str(identity))
+    was = {label: value for label, value in identity_parts(info.identity).items() if label in now}
+    if was != now:
+        change = identity_change(
+            "; ".join(f"{label} {value}".strip() for label, value in was.items()), str(identity)
+        )
+        described = "; ".join(f"{label or 'object_id'} {value}" for label, value in was.items())
         raise SchemaError(
-            f"{info.table}: the table was dropped and created again since it was described (object_id "
-            f"{info.identity}, now {object_id}): it will be described again"
+            f"{info.table}: {change} since it was described "
+            f"({described}, now {identity}): it will be described again"
         )
 
 
@@ -160,6 +175,21 @@ def check_versions(table: str, since: int, min_valid: Any, current: Any, upto: i
             table, f"the database's current version {current} went below {upto} between pages"
         )
     return upto
+
+
+def check_snapshot_versions(table: str, min_valid: int, current: int) -> None:
+    """A snapshot's version must be a valid checkpoint at once: were the
+    table's minimum valid version above the current version (tracking reset by
+    a TRUNCATE or enabled again, nothing committed since), the first read from
+    it would expire and the table be snapshotted again, and again, with no
+    delay between. TransientError: the tracker tries again after its retry
+    wait, by when a commit has moved the current version past it."""
+    if current < min_valid:
+        raise SourceUnavailable(
+            f"{table}: the table's change tracking starts at version {min_valid}, after the database's current "
+            f"version {current} (truncated, or tracking enabled again, and nothing committed since): a snapshot "
+            "now would expire at once; it is tried again shortly"
+        )
 
 
 def min_valid_is_null(table: str) -> str:
@@ -318,6 +348,7 @@ def snapshot_begin(conn: Any, info: TableInfo) -> tuple[int, int | None]:
     check_identity(info, object_id)
     if min_valid is None:
         raise TrackingNotEnabled(min_valid_is_null(info.table))
+    check_snapshot_versions(info.table, int(min_valid), int(current))
     return int(current), None if estimate is None else int(estimate)
 
 

@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cdc.sources import mssql_sql_identity as identity
+
 MAX_PARAMETERS = 2100  # SQL Server's limit on parameters per request
 _IDENTIFIER_MAX = 128
 _SQL_TYPE = re.compile(r"^[a-z][a-z0-9]*(\((max|\d+)(,\d+)?\))?$")
@@ -119,16 +121,20 @@ ROLLBACK = "IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION"
 # -- versions ------------------------------------------------------------------
 
 CURRENT_VERSION = Statement("SELECT CHANGE_TRACKING_CURRENT_VERSION() AS current_version")
+DATABASE_IDENTITY = Statement(identity.DATABASE_IDENTITY)  # (mssql_sql_identity says why)
+WATCH_TICK = Statement(identity.WATCH_TICK)  # one tick of the version watcher (mssql_watcher)
 
 
 def min_valid_version(schema: str, name: str) -> Statement:
-    """The table's minimum valid version and its object_id now, in one round
-    trip: the object_id tells a read whether the table it described is the
-    one it is reading (a table dropped and created again under the name has a
-    new one; NULL: gone, or renamed)."""
+    """The table's minimum valid version and its identity now (``mssql_sql_identity.TABLE_IDENTITY``:
+    object_id and the version its tracking began at), in one round trip: the
+    identity tells a read whether the table it described is the one it is
+    reading (a table dropped and created again under the name has a new
+    object_id, a truncated one a new begin_version; NULL: gone, or renamed)."""
     return Statement(
-        "SELECT CHANGE_TRACKING_MIN_VALID_VERSION(OBJECT_ID(?)) AS min_valid_version, OBJECT_ID(?) AS object_id",
-        (qualified(schema, name),) * 2,
+        "SELECT CHANGE_TRACKING_MIN_VALID_VERSION(OBJECT_ID(?)) AS min_valid_version, "
+        f"{identity.TABLE_IDENTITY} AS table_identity",
+        (qualified(schema, name),) * 4,
     )
 
 
@@ -326,7 +332,7 @@ DATABASE_SETTINGS = (
 # depends only on how many tables are asked about, so every poll of the same
 # tables sends the same text (SQL Server can reuse its plan). A name that is no
 # table (dropped, renamed, a view, invisible to the login) comes back with a
-# NULL object_id.
+# NULL object_id (FINGERPRINT: a NULL identity).
 
 FINGERPRINT_BATCH = 2000  # tables per statement: one parameter each, under MAX_PARAMETERS
 _PER_TABLE = (
@@ -345,7 +351,7 @@ _PER_TABLE = (
 # lists the table ("one row for each table ... that has change tracking
 # enabled") and its is_track_columns_updated_on.
 FINGERPRINT = (
-    "SELECT r.n, o.object_id, CONCAT(N'object ', o.object_id, N'; columns ', "
+    f"SELECT r.n, {identity.IDENTITY} AS table_identity, CONCAT({identity.IDENTITY}, N'; columns ', "  # noqa: S608 - constants
     "(SELECT STRING_AGG(CAST(CONCAT(c.column_id, N' ', QUOTENAME(c.name), N' ', c.system_type_id, N'/', "
     "c.user_type_id, N' ', c.max_length, N' ', c.precision, N' ', c.scale, N' ', c.is_nullable, "
     "c.is_computed) AS nvarchar(max)), N', ') WITHIN GROUP (ORDER BY c.column_id) "
@@ -357,7 +363,7 @@ FINGERPRINT = (
     "WHERE i.object_id = o.object_id AND i.is_primary_key = 1 AND ic.key_ordinal > 0), N'; tracking ', "
     "CASE WHEN ctt.object_id IS NULL THEN N'off' WHEN ctt.is_track_columns_updated_on = 1 "
     "THEN N'on, columns updated on' ELSE N'on, columns updated off' END) AS fingerprint "
-) + _PER_TABLE
+) + _PER_TABLE.replace("ORDER BY r.n", f"{identity.THIS_DATABASE} ORDER BY r.n")
 # What `cdc tracking status` reports per table. The minimum valid version is
 # read for tables sys.change_tracking_tables lists only: for any other table
 # changes are not captured, whatever the function returns.
@@ -369,7 +375,8 @@ TABLE_STATES = (
 
 
 def fingerprints(names: Sequence[tuple[str, str]]) -> Statement:
-    """Rows (n, object_id, fingerprint) for the (schema, name) tables, in order."""
+    """Rows (n, identity, fingerprint) for the (schema, name) tables, in order
+    (identity NULL: no such table)."""
     return _per_table(FINGERPRINT, names)
 
 

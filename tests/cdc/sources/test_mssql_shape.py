@@ -89,8 +89,8 @@ def test_the_table_states_statement_reads_the_minimum_version_of_tracked_tables_
 def test_a_read_asks_for_the_object_id_with_the_minimum_valid_version() -> None:
     statement = sql.min_valid_version(*HOSTILE)
     tree = parsed(statement)
-    assert [e.alias for e in tree.expressions] == ["min_valid_version", "object_id"]
-    assert statement.params == ("[we]]ird].[x'); DROP TABLE t; --]",) * 2
+    assert [e.alias for e in tree.expressions] == ["min_valid_version", "table_identity"]
+    assert statement.params == ("[we]]ird].[x'); DROP TABLE t; --]",) * 4
 
 
 # -- which columns are published ----------------------------------------------------------
@@ -166,7 +166,7 @@ def info(*columns: Column, key: tuple[str, ...] = ("Id",), identity: str = "1000
 def test_a_change_is_put_into_words() -> None:
     price = Column("Price", "decimal(12,2)")
     assert shape_change(info(price), info(price, identity="2000")) == (
-        "dropped and created again (object_id 1000, now 2000)"
+        "the table was dropped and created again (identity 1000, now 2000)"
     )
     assert shape_change(info(price), info(Column("Cost", "decimal(12,2)"))) == (
         "column Price is gone; column Cost is new"
