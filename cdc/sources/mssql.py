@@ -300,16 +300,13 @@ class MssqlSource:
         return self._watch.quiet_for(info, since)  # how long a read finds nothing (mssql_watcher)
 
     async def cleanup(self, retention: float) -> int:
-        """SQL Server cleans its change tracking up itself (AUTO_CLEANUP)."""
-        return 0
+        return 0  # SQL Server cleans its change tracking up itself (AUTO_CLEANUP)
 
     # -- setting tracking up
 
     async def tracking_enable(self, tables: Sequence[TableConfig]) -> list[str]:
-        # a connection of its own for ALLOW_SNAPSHOT_ISOLATION ON, which waits for open transactions
-        return await self._link.run(
-            lambda conn: enable(conn, tables, self.config.retention, self._open_connection)
-        )
+        opener = self._open_connection  # ALLOW_SNAPSHOT_ISOLATION ON waits on a connection of its own
+        return await self._link.run(lambda conn: enable(conn, tables, self.config.retention, opener))
 
     async def tracking_disable(self, tables: Sequence[TableConfig]) -> list[str]:
         return await self._link.run(lambda conn: disable(conn, tables))
@@ -318,5 +315,5 @@ class MssqlSource:
         return await self._link.run(lambda conn: status(conn, tables))
 
     async def doctor(self, tables: Sequence[TableConfig]) -> list[Finding]:
-        known = dict(self._tables)
-        return await self._link.run(lambda conn: doctor(conn, tables, self.config.retention, known))
+        known, retention = dict(self._tables), self.config.retention
+        return await self._link.run(lambda conn: doctor(conn, tables, retention, known))
