@@ -101,10 +101,18 @@ def exact_text(expression: str) -> str:
     return f"CONVERT(nvarchar(40), {expression}, 121)"
 
 
-def _sql_type(type_name: str) -> str:
+def sql_type(type_name: str) -> str:
+    """``type_name``, checked to be a type's spelling and nothing else."""
     if not _SQL_TYPE.match(type_name):
         raise ValueError(f"{type_name!r} is not a SQL Server type name")
     return type_name
+
+
+def collation(name: str) -> str:
+    """``name``, checked to be a collation's name and nothing else."""
+    if not _COLLATION.match(name):
+        raise ValueError(f"{name!r} is not a SQL Server collation name")
+    return name
 
 
 # -- transactions ------------------------------------------------------------
@@ -149,43 +157,21 @@ def changes(
     upto: int,
     limit: int,
     after: tuple[int, Sequence[Any]] | None = None,
+    column_ids: Sequence[int | None] | None = None,
 ) -> Statement:
     """Net changes after ``since`` up to ``upto``, one page of ``limit`` rows in
     (version, primary key) order, starting after the ``after`` cursor.
 
-    The result columns are: the four SYS_CHANGE_* columns, ct.<pk...> (present
-    for deletes too), t.<published columns...> (NULL when the row is gone),
-    then one CHANGE_TRACKING_IS_COLUMN_IN_MASK flag per ``mask_columns``, then
-    the exact text of each ``exact_keys`` column (for the cursor).
-    ``SYS_CHANGE_VERSION <= upto`` keeps a row committed after the version
-    read in this transaction out of this read: it comes in the next one.
+    The result columns are ``change_columns``'s. ``column_ids``: the id of each
+    ``mask_columns`` column, read in the read's own transaction
+    (``column_ids_of``). ``SYS_CHANGE_VERSION <= upto`` keeps a row committed
+    after the version read in this transaction out of this read: it comes in
+    the next one.
     """
     table = shape.qualified
-    params: list[Any] = [limit]
-    select = [*_CT_COLUMNS]
-    select += [f"ct.{quote(c)}" for c in shape.primary_key]
-    select += [f"t.{quote(c)}" for c in shape.columns]
-    for column in shape.mask_columns:
-        # SYS_CHANGE_COLUMNS is opaque: decode it only with the documented function. Its
-        # column id comes from COLUMNPROPERTY(..., 'ColumnId') (sys.columns.column_id), by
-        # name, in this very statement: the function "does not perform any checks to validate
-        # the column_id value" (CHANGE_TRACKING_IS_COLUMN_IN_MASK, learn.microsoft.com), and a
-        # column dropped and added again under its name has a new id, so an id cached at
-        # describe would silently decode another column's bit.
-        select.append(
-            "CHANGE_TRACKING_IS_COLUMN_IN_MASK(COLUMNPROPERTY(OBJECT_ID(?), ?, 'ColumnId'), ct.SYS_CHANGE_COLUMNS)"
-        )
-        params += [table, column]
-    select += [exact_text(f"ct.{quote(c)}") for c in shape.exact_keys]
+    select, params = change_columns("ct", shape, _CT_COLUMNS, column_ids)
     join = " AND ".join(f"t.{quote(c)} = ct.{quote(c)}" for c in shape.primary_key)
-    params += [since, upto]
-    where = "ct.SYS_CHANGE_VERSION <= ?"
-    if after is not None:
-        version, key = after
-        terms: list[Term] = [("ct.SYS_CHANGE_VERSION", None, None), *_key_terms("ct", shape)]
-        keyset, keyset_params = _keyset_after(terms, [version, *key])
-        where += f" AND {keyset}"
-        params += keyset_params
+    where, where_params = changes_after(shape, upto=upto, after=after)
     order = ", ".join(["ct.SYS_CHANGE_VERSION", *(f"ct.{quote(c)}" for c in shape.primary_key)])
     sql = (
         f"SELECT TOP (?) {', '.join(select)} "  # noqa: S608 - identifiers quoted, values are parameters
@@ -193,7 +179,58 @@ def changes(
         f"LEFT JOIN {table} AS t ON {join} "
         f"WHERE {where} ORDER BY {order}"
     )
-    return _checked(Statement(sql, tuple(params)))
+    return _checked(Statement(sql, (limit, *params, since, *where_params)))
+
+
+def change_columns(
+    source: str, shape: TableShape, change: Sequence[str], column_ids: Sequence[int | None] | None
+) -> tuple[list[str], list[Any]]:
+    """The select list of a page of changes, and its parameters: the four
+    SYS_CHANGE_* columns (``change``, as ``source`` holds them), ``source``.<pk...>
+    (present for deletes too), t.<published columns...> (NULL when the row is
+    gone), then one CHANGE_TRACKING_IS_COLUMN_IN_MASK flag per ``mask_columns``,
+    then the exact text of each ``exact_keys`` column (for the cursor)."""
+    select = [*change]
+    select += [f"{source}.{quote(c)}" for c in shape.primary_key]
+    select += [f"t.{quote(c)}" for c in shape.columns]
+    # SYS_CHANGE_COLUMNS is opaque: decode it only with the documented function, whose
+    # column ids are parameters here, read by ``column_ids_of`` in the read's own transaction.
+    select += [f"CHANGE_TRACKING_IS_COLUMN_IN_MASK(?, {change[3]})" for _ in shape.mask_columns]
+    ids = list(column_ids) if column_ids is not None else [None] * len(shape.mask_columns)
+    if len(ids) != len(shape.mask_columns):
+        raise ValueError(f"{len(ids)} column ids for {len(shape.mask_columns)} mask columns")
+    select += [exact_text(f"{source}.{quote(c)}") for c in shape.exact_keys]
+    return select, ids
+
+
+def changes_after(
+    shape: TableShape, *, upto: int, after: tuple[int, Sequence[Any]] | None
+) -> tuple[str, list[Any]]:
+    """The WHERE clause of CHANGETABLE rows (``ct``) up to ``upto`` and after the ``after`` cursor."""
+    where, params = "ct.SYS_CHANGE_VERSION <= ?", [upto]
+    if after is not None:
+        version, key = after
+        terms: list[Term] = [("ct.SYS_CHANGE_VERSION", None, None), *_key_terms("ct", shape)]
+        keyset, keyset_params = _keyset_after(terms, [version, *key])
+        where += f" AND {keyset}"
+        params += keyset_params
+    return where, params
+
+
+# The column ids that decode SYS_CHANGE_COLUMNS, by name, read once per read in the read's own
+# transaction (not per row and column, as a COLUMNPROPERTY inside the page's select list would
+# be), with the table's name as the one parameter, however wide the table. Never an id cached
+# at describe: CHANGE_TRACKING_IS_COLUMN_IN_MASK "does not perform any checks to validate the
+# column_id value" (CHANGE_TRACKING_IS_COLUMN_IN_MASK, learn.microsoft.com), and a column
+# dropped and added again under its name has a new id, so a cached id would silently decode
+# another column's bit. The function takes sys.columns.column_id ("COLUMNPROPERTY",
+# learn.microsoft.com: ColumnId is the column_id of sys.columns).
+COLUMN_IDS = "SELECT c.name, c.column_id FROM sys.columns AS c WHERE c.object_id = OBJECT_ID(?)"
+
+
+def column_ids_of(shape: TableShape) -> Statement:
+    """Rows (name, column_id) of every column of the table now (``COLUMN_IDS``)."""
+    return Statement(COLUMN_IDS, (shape.qualified,))
 
 
 def snapshot_page(shape: TableShape, *, limit: int, after: Sequence[Any] | None = None) -> Statement:
@@ -224,7 +261,7 @@ def _key_terms(prefix: str, shape: TableShape) -> list[Term]:
     ]
 
 
-def _key_parameter(sql_type: str | None, collation: str | None) -> str:
+def _key_parameter(declared_type: str | None, key_collation: str | None) -> str:
     """A cursor's key value as the column's own type. Date and time values are
     the server's text (``exact_text``), converted back in its style; char and
     varchar values are converted to the column's code page (COLLATE on the
@@ -232,16 +269,14 @@ def _key_parameter(sql_type: str | None, collation: str | None) -> str:
     collation, not the database's default code page: "Collation precedence",
     learn.microsoft.com) and compared in its collation; any other type is cast,
     so the comparison uses the column's ordering (the same as ORDER BY)."""
-    if sql_type is None:
+    if declared_type is None:
         return "?"
-    declared = _sql_type(sql_type)
+    declared = sql_type(declared_type)
     base = declared.split("(", 1)[0]
     if base in _EXACT_TEXT_TYPES:
         return f"CONVERT({declared}, ?, 121)"
-    if base in _CHAR_TYPES and collation is not None:
-        if not _COLLATION.match(collation):
-            raise ValueError(f"{collation!r} is not a SQL Server collation name")
-        return f"CAST(? COLLATE {collation} AS {declared})"
+    if base in _CHAR_TYPES and key_collation is not None:
+        return f"CAST(? COLLATE {collation(key_collation)} AS {declared})"
     return f"CAST(? AS {declared})"
 
 
@@ -249,9 +284,9 @@ def _keyset_after(terms: Sequence[Term], values: Sequence[Any]) -> tuple[str, li
     """``(a, b, ...) > (va, vb, ...)`` spelled out for T-SQL, which has no row
     comparison: ``(a > ? OR (a = ? AND (b > ? OR ...)))``, each parameter as
     ``_key_parameter`` has it."""
-    (expr, sql_type, collation), *rest = terms
+    (expr, declared_type, key_collation), *rest = terms
     value, *more = values
-    placeholder = _key_parameter(sql_type, collation)
+    placeholder = _key_parameter(declared_type, key_collation)
     if not rest:
         return f"{expr} > {placeholder}", [value]
     inner, inner_params = _keyset_after(rest, more)
