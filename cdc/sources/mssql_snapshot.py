@@ -28,9 +28,9 @@ one chunk (most: 30 s) is one consistent view, as before.
 
 The catch-up is possible only while the version is still valid: each chunk
 checks, in its own transaction, that the table is the one described and that
-its minimum valid version is still at or below the version, and the last
-chunk checks it again before its COMMIT (else ``TrackingExpired``: cleanup ran
-past it, or the table was truncated, during the snapshot).
+its minimum valid version is still at or below the version, and it is checked
+again after the last COMMIT (else ``TrackingExpired``: cleanup ran past it,
+or the table was truncated, during the snapshot).
 """
 
 from __future__ import annotations
@@ -157,11 +157,15 @@ def chunk_begin(conn: Any, info: TableInfo, version: int) -> None:
 
 
 def snapshot_end(conn: Any, info: TableInfo, version: int) -> None:
-    """The version is still valid now that every row is read (in the last
-    chunk's transaction, which read the last page); commit."""
+    """Commit the last chunk, then check that the version is still valid now
+    that every row is read. After the COMMIT, not before: inside a SNAPSHOT
+    transaction the minimum valid version is the one of the transaction's
+    start (the documented pattern relies on it: cleanup after the start does
+    not change what the transaction sees, "Work with change tracking",
+    learn.microsoft.com), while the catch-up reads it anew."""
+    execute(conn, sql.COMMIT)
     min_valid, object_id = fetch_one(conn, sql.min_valid_version(info.schema, info.name))
     check_still_valid(info, version, min_valid, object_id)
-    execute(conn, sql.COMMIT)
 
 
 def check_still_valid(info: TableInfo, version: int, min_valid: Any, object_id: Any) -> None:
