@@ -15,8 +15,13 @@ It follows Microsoft's documented pattern and the checklist in SQLSERVER.md:
   in separate transactions would see a row changed in between only in the
   next read, relative to the bound, so as a ``U`` the caller never had the
   ``I`` of, and without the columns changed before the bound;
-- the snapshot reads the current version and the whole table (keyset pages on
-  the primary key) in one SNAPSHOT transaction on a connection of its own.
+- the snapshot reads the current version first, then the whole table in
+  keyset pages on the primary key, in chunks of SNAPSHOT transactions on a
+  connection of its own, resumed after the last key when one fails
+  (``mssql_snapshot``).
+
+The paging itself (the first page, the backlog of the later ones) is in
+``mssql_paging``.
 
 Each unit of work here is a function of a connection, run on a ``Link``.
 """

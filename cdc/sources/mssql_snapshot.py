@@ -158,11 +158,11 @@ def chunk_begin(conn: Any, info: TableInfo, version: int) -> None:
 
 def snapshot_end(conn: Any, info: TableInfo, version: int) -> None:
     """Commit the last chunk, then check that the version is still valid now
-    that every row is read. After the COMMIT, not before: inside a SNAPSHOT
-    transaction the minimum valid version is the one of the transaction's
-    start (the documented pattern relies on it: cleanup after the start does
-    not change what the transaction sees, "Work with change tracking",
-    learn.microsoft.com), while the catch-up reads it anew."""
+    that every row is read. After the COMMIT, not before: no page says whether
+    the minimum valid version read inside a SNAPSHOT transaction follows a
+    cleanup that ran after the transaction began (the documented pattern
+    relies on the transaction's reads being unaffected by it); read on its
+    own, it is the one the catch-up will be checked against."""
     execute(conn, sql.COMMIT)
     min_valid, object_id = fetch_one(conn, sql.min_valid_version(info.schema, info.name))
     check_still_valid(info, version, min_valid, object_id)

@@ -15,11 +15,15 @@ The statements of one poll, in one SNAPSHOT transaction (SQLSERVER.md)::
     SELECT CHANGE_TRACKING_MIN_VALID_VERSION(OBJECT_ID(?)),  -- NULL: error
            OBJECT_ID(?)                                   -- not the described table: error
     SELECT CHANGE_TRACKING_CURRENT_VERSION()                 -- NULL: error
+    SELECT c.name, c.column_id FROM sys.columns ...          -- the mask columns' ids, once
     SELECT TOP (?) ct.SYS_CHANGE_VERSION, ... FROM CHANGETABLE(CHANGES [s].[t], ?) AS ct
       LEFT JOIN [s].[t] AS t ON <pk equality> WHERE ct.SYS_CHANGE_VERSION <= ? [AND (version, pk) > after]
       ORDER BY ct.SYS_CHANGE_VERSION, <pk>                   -- TOP (page + 1): more to come?
-    [SELECT TOP (?) ... AND (version, pk) > after ...]       -- later pages, same transaction
+    [CREATE TABLE #cdc_changes ...; INSERT INTO #cdc_changes SELECT ROW_NUMBER() ...
+      FROM CHANGETABLE(...) WHERE ... AND (version, pk) > after]  -- the second page: the backlog
+    [SELECT TOP (?) ... FROM #cdc_changes AS p LEFT JOIN [s].[t] ... WHERE p.[@rn] > ?]  -- later pages
     COMMIT TRANSACTION                                       -- with the last page
+    [DROP TABLE IF EXISTS #cdc_changes]                      -- (mssql_backlog_sql)
 """
 
 from __future__ import annotations
