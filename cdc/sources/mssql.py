@@ -9,7 +9,9 @@ PostgreSQL one's:
 - ``mssql_link``: one connection and the one thread allowed to touch it;
 - ``mssql_catalog``: describing a table, and the shape fingerprints that tell
   a running sidecar it changed (SQLSERVER.md, "When a table changes shape");
-- ``mssql_reads``: changes and snapshots, each in one SNAPSHOT transaction;
+- ``mssql_reads``: what a read checks and decodes; ``mssql_paging``: the
+  pages of a read of changes, one SNAPSHOT transaction, its backlog in
+  tempdb; ``mssql_snapshot``: a table's snapshot, in resumable chunks;
 - ``mssql_tracking``: enable, disable, status;
 - ``mssql_doctor``: what will go wrong;
 - ``mssql_sql``: the T-SQL text; ``mssql_types``: the type mapping;
@@ -18,9 +20,9 @@ PostgreSQL one's:
 
 Connections, each with its own job: one link for describe, versions and
 administration; idle readers for reads, a paged read holding its SNAPSHOT
-transaction open on one of them until its last page; one per snapshot; one
-for the version watcher's ticks (started by the first ``wait_for_changes``:
-the pipeline's listen loop).
+transaction (and its backlog) open on one of them until its last page; one
+per snapshot; one for the version watcher's ticks (started by the first
+``wait_for_changes``: the pipeline's listen loop).
 """
 
 from __future__ import annotations
@@ -44,23 +46,14 @@ from cdc.sources.mssql_doctor import doctor
 from cdc.sources.mssql_held import HeldRead, HeldReads
 from cdc.sources.mssql_link import (
     Link,
-    execute,
     fetch_scalar,
     open_connection,
     prepare_connection,
     rollback_quietly,
 )
-from cdc.sources.mssql_reads import (
-    UnreadableValues,
-    change_cursor,
-    decode_change,
-    first_page,
-    next_page,
-    rows_of,
-    snapshot_begin,
-    snapshot_cursor,
-    snapshot_row,
-)
+from cdc.sources.mssql_paging import first_page, next_page
+from cdc.sources.mssql_reads import UnreadableValues, change_cursor, decode_change
+from cdc.sources.mssql_snapshot import read_snapshot
 from cdc.sources.mssql_tracking import disable, enable, status
 from cdc.sources.mssql_watcher import VersionWatcher, WatchedReads, read_database_identity, read_tick, watched
 
@@ -198,14 +191,14 @@ class MssqlSource:
         described = await self._tracked(info)
         held = self._held.take(info.table.lower())
         if held is not None and held.continues(since, upto, after):
-            link, conn, bound = held.link, held.conn, held.bound
-            rows = await self._run_read(link, next_page(held, described, limit), info.table)
+            link = held.link
+            page = await self._run_read(link, next_page(held, described, limit), info.table)
         else:
             if held is not None:
                 await self._release(held.link, rollback=True)  # the caller started another read
             link = self._readers.pop() if self._readers else self._new_reader()
-            work = first_page(described, since, limit, upto, after)
-            bound, rows, conn = await self._run_read(link, work, info.table)
+            page = await self._run_read(link, first_page(described, since, limit, upto, after), info.table)
+        rows = page.rows
         try:
             changes = [decode_change(described, since, row) for row in rows[:limit]]
             await self._check_unreadable(described, [c.values for c in changes])
@@ -216,10 +209,11 @@ class MssqlSource:
             raise
         if len(rows) <= limit:
             await self._release(link, rollback=False)  # committed with the last page
-            return ChangePage(rows=changes, next_version=bound)
+            return ChangePage(rows=changes, next_version=page.bound)
         cursor = change_cursor(described.shape, rows[limit - 1])
-        self._held.hold(info.table.lower(), HeldRead(link, conn, since, bound, cursor))
-        return ChangePage(rows=changes, next_version=bound, more=True, cursor=cursor)
+        continued = HeldRead(link, page.conn, since, page.bound, cursor, page.column_ids, page.backlog_row)
+        self._held.hold(info.table.lower(), continued)
+        return ChangePage(rows=changes, next_version=page.bound, more=True, cursor=cursor)
 
     async def _check_unreadable(
         self, described: DescribedTable, rows: Sequence[dict[str, Any] | None]
@@ -264,30 +258,20 @@ class MssqlSource:
         self._readers.append(link)
 
     async def snapshot(self, info: TableInfo, *, page_size: int) -> AsyncIterator[SnapshotPage]:
-        """The whole table in keyset pages, with the current version read first
-        in the same SNAPSHOT transaction, on a connection of its own (the
-        transaction stays open between pages). An empty table gives one empty
-        page, so the version is always known."""
+        """The whole table in keyset pages at the version read first, in chunks
+        of SNAPSHOT transactions on a connection of its own, resumed after the
+        last key when a chunk fails (``mssql_snapshot``)."""
         if page_size < 1:
             raise ValueError("page_size must be at least 1")
         described = await self._tracked(info)
         link = Link(self._open_connection, self.config.dsn, "cdc-mssql-snapshot")
+
+        async def check_rows(rows: Sequence[dict[str, Any] | None]) -> None:
+            await self._check_unreadable(described, rows)
+
         try:
-            version, total = await link.run(lambda conn: snapshot_begin(conn, info), info.table)
-            after: list[Any] | None = None
-            first = True
-            while True:
-                statement = sql.snapshot_page(described.shape, limit=page_size, after=after)
-                raw = await link.run(rows_of(statement), info.table)
-                rows = [snapshot_row(described, r) for r in raw]
-                await self._check_unreadable(described, rows)
-                if rows or first:
-                    yield SnapshotPage(version=version, rows=rows, total=total)
-                first = False
-                if len(raw) < page_size:
-                    break
-                after = list(snapshot_cursor(described.shape, raw[-1]))
-            await link.run(lambda conn: execute(conn, sql.COMMIT), info.table)
+            async for page in read_snapshot(link, described, page_size, check_rows):
+                yield page
         finally:
             await link.close()  # rolls back first when the snapshot was abandoned or failed
 

@@ -23,6 +23,7 @@ from typing import Any
 from cdc.errors import MissingColumn, SchemaError
 from cdc.shapes import identity_change
 from cdc.sources import mssql_sql as sql
+from cdc.sources import mssql_sql_catalog as catalog_sql
 from cdc.sources.base import Column, TableInfo
 from cdc.sources.mssql_link import execute, fetch_all, fetch_one
 from cdc.sources.mssql_types import Converter, converter_for, format_type
@@ -55,7 +56,7 @@ class CatalogColumn:
 
 def catalog_columns(conn: Any, schema: str, name: str) -> list[CatalogColumn]:
     out = []
-    for row in fetch_all(conn, sql.columns(schema, name)):
+    for row in fetch_all(conn, catalog_sql.columns(schema, name)):
         (
             _,
             column,
@@ -99,9 +100,9 @@ def read_fingerprints(conn: Any, names: Sequence[TableName]) -> list[Found | Non
     """The shape fingerprint of each table now (None: no such table), in
     order: one statement (one round trip) per ``FINGERPRINT_BATCH`` tables."""
     out: list[Found | None] = []
-    for start in range(0, len(names), sql.FINGERPRINT_BATCH):
-        batch = [(n.schema, n.name) for n in names[start : start + sql.FINGERPRINT_BATCH]]
-        for _, identity, fingerprint in fetch_all(conn, sql.fingerprints(batch)):
+    for start in range(0, len(names), catalog_sql.FINGERPRINT_BATCH):
+        batch = [(n.schema, n.name) for n in names[start : start + catalog_sql.FINGERPRINT_BATCH]]
+        for _, identity, fingerprint in fetch_all(conn, catalog_sql.fingerprints(batch)):
             out.append(None if identity is None else Found(str(identity), str(fingerprint)))
     return out
 
@@ -119,7 +120,9 @@ def describe(conn: Any, table_name: TableName, wanted: Sequence[str] | None) -> 
         raise SchemaError(
             f"{table_name.table}: no such table in this database (or the login cannot see it: it needs SELECT on it)"
         )
-    key_names = [str(r[0]) for r in fetch_all(conn, sql.primary_key(table_name.schema, table_name.name))]
+    key_names = [
+        str(r[0]) for r in fetch_all(conn, catalog_sql.primary_key(table_name.schema, table_name.name))
+    ]
     names, left_out = choose_columns(table_name.table, [c.name for c in catalog], key_names, wanted)
     for column in left_out:
         log.warning(
@@ -130,7 +133,7 @@ def describe(conn: Any, table_name: TableName, wanted: Sequence[str] | None) -> 
     by_name = {c.name: c for c in catalog}
     published = [by_name[n] for n in names]
     converters = {c.name: converter_for(table_name.table, c.name, c.base, c.declared) for c in published}
-    tracking = fetch_one(conn, sql.table_tracking(table_name.schema, table_name.name))
+    tracking = fetch_one(conn, catalog_sql.table_tracking(table_name.schema, table_name.name))
     described = _build_table(table_name, found, published[: len(key_names)], published, converters, tracking)
     return replace(described, info=replace(described.info, left_out=left_out))
 

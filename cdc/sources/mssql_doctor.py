@@ -23,6 +23,7 @@ from cdc.config import TableConfig
 from cdc.durations import format_duration
 from cdc.errors import SchemaError, TrackingNotEnabled, UnsupportedType
 from cdc.sources import mssql_sql as sql
+from cdc.sources import mssql_sql_catalog as catalog_sql
 from cdc.sources.base import Finding
 from cdc.sources.mssql_catalog import DescribedTable, TableName, describe, not_tracked, shape_change
 from cdc.sources.mssql_link import fetch_all, fetch_one
@@ -166,7 +167,7 @@ def column_findings(
 
 def _table_findings(conn: Any, table_config: TableConfig, known: DescribedTable | None) -> list[Finding]:
     # (table-level SELECT, VIEW CHANGE TRACKING): only the second is used; SELECT is checked per column
-    _, can_view = fetch_one(conn, sql.table_permissions(table_config.schema, table_config.name))
+    _, can_view = fetch_one(conn, catalog_sql.table_permissions(table_config.schema, table_config.name))
     out = view_tracking_findings(table_config, can_view)
     try:
         described = describe(

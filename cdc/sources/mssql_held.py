@@ -47,13 +47,17 @@ class HeldRead:
     relative to the bound instead of ``since``. It continues only the read it
     belongs to: same ``since``, ``upto`` equal to its bound, ``after`` equal to
     the cursor of the page last returned (its key values are the exact ones
-    the server sent: ``mssql_reads.cursor_key``)."""
+    the server sent: ``mssql_reads.cursor_key``). Its second page fills the
+    read's backlog in tempdb, which later pages read by row number
+    (``mssql_paging``); a rollback drops the backlog with the rest."""
 
     link: Link
     conn: Any  # the connection holding the transaction (a replaced one has lost it)
     since: int
     bound: int
     after: Cursor
+    column_ids: tuple[int | None, ...] = ()  # of the mask columns, read in the transaction
+    backlog_row: int | None = None  # where the next page starts in the backlog; None: not filled
 
     def continues(self, since: int, upto: int | None, after: Cursor | None) -> bool:
         return (since, upto, after) == (self.since, self.bound, self.after)

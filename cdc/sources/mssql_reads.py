@@ -15,15 +15,20 @@ It follows Microsoft's documented pattern and the checklist in SQLSERVER.md:
   in separate transactions would see a row changed in between only in the
   next read, relative to the bound, so as a ``U`` the caller never had the
   ``I`` of, and without the columns changed before the bound;
-- the snapshot reads the current version and the whole table (keyset pages on
-  the primary key) in one SNAPSHOT transaction on a connection of its own.
+- the snapshot reads the current version first, then the whole table in
+  keyset pages on the primary key, in chunks of SNAPSHOT transactions on a
+  connection of its own, resumed after the last key when one fails
+  (``mssql_snapshot``).
+
+The paging itself (the first page, the backlog of the later ones) is in
+``mssql_paging``.
 
 Each unit of work here is a function of a connection, run on a ``Link``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from cdc.errors import PoisonChange, SchemaError, SourceUnavailable, TrackingExpired, TrackingNotEnabled
@@ -31,8 +36,6 @@ from cdc.shapes import identity_change, identity_parts
 from cdc.sources import mssql_sql as sql
 from cdc.sources.base import ChangeRow, Cursor, Op, TableInfo
 from cdc.sources.mssql_catalog import DescribedTable
-from cdc.sources.mssql_held import HeldRead
-from cdc.sources.mssql_link import execute, fetch_all, fetch_one, fetch_scalar, rollback_quietly
 from cdc.sources.mssql_types import convert
 
 # -- the table read is the table described ---------------------------------------
@@ -267,89 +270,7 @@ def cursor_key(shape: sql.TableShape, raw_key: Sequence[Any], exact: Sequence[An
     )
 
 
-def page_rows(conn: Any, statement: sql.Statement, limit: int) -> list[Any]:
-    """A page of changes, ``statement`` asking for one row more than ``limit``
-    to learn whether another page follows; when none does, the read's
-    transaction is committed here, in the same unit of work."""
-    rows = fetch_all(conn, statement)
-    if len(rows) <= limit:
-        execute(conn, sql.COMMIT)
-    return rows
-
-
-def first_page(
-    described: DescribedTable, since: int, limit: int, upto: int | None, after: Cursor | None
-) -> Callable[[Any], tuple[int, list[Any], Any]]:
-    """The first page of a read, as a unit of work: open the read's SNAPSHOT
-    transaction, check the versions, read a page; commit at once when it is
-    the whole read, else leave the transaction open. It returns the bound,
-    the rows and the connection that holds the transaction."""
-    info = described.info
-    cursor = None if after is None else (after[0], list(after[1]))
-
-    def first(conn: Any) -> tuple[int, list[Any], Any]:
-        execute(conn, sql.SET_SNAPSHOT)
-        execute(conn, sql.BEGIN)
-        try:
-            min_valid, object_id = fetch_one(conn, sql.min_valid_version(info.schema, info.name))
-            check_identity(info, object_id)
-            current = fetch_scalar(conn, sql.CURRENT_VERSION)
-            bound = check_versions(info.table, since, min_valid, current, upto)
-            statement = sql.changes(described.shape, since=since, upto=bound, limit=limit + 1, after=cursor)
-            rows = page_rows(conn, statement, limit)
-        except BaseException:
-            rollback_quietly(conn)
-            raise
-        return bound, rows, conn
-
-    return first
-
-
-def next_page(held: HeldRead, described: DescribedTable, limit: int) -> Callable[[Any], list[Any]]:
-    """The next page in the held transaction, as a unit of work; committed when it is the last."""
-    cursor = (held.after[0], list(held.after[1]))
-    statement = sql.changes(described.shape, since=held.since, upto=held.bound, limit=limit + 1, after=cursor)
-
-    def following(conn: Any) -> list[Any]:
-        if conn is not held.conn:
-            # the connection was replaced: its transaction is gone, and with it the snapshot
-            raise SourceUnavailable(
-                f"{described.info.table}: the connection of a paged read was lost; read again"
-            )
-        try:
-            return page_rows(conn, statement, limit)
-        except BaseException:
-            rollback_quietly(conn)
-            raise
-
-    return following
-
-
 # -- snapshots -------------------------------------------------------------------
-
-
-def rows_of(statement: sql.Statement) -> Callable[[Any], list[Any]]:
-    return lambda conn: fetch_all(conn, statement)
-
-
-def snapshot_begin(conn: Any, info: TableInfo) -> tuple[int, int | None]:
-    """Open the snapshot's transaction: the current version first, before any
-    table is read, so the table's rows include everything up to it."""
-    execute(conn, sql.SET_READ_COMMITTED)
-    estimate = fetch_scalar(conn, sql.row_estimate(info.schema, info.name))
-    execute(conn, sql.SET_SNAPSHOT)
-    execute(conn, sql.BEGIN)
-    current = fetch_scalar(conn, sql.CURRENT_VERSION)
-    if current is None:
-        raise TrackingNotEnabled(
-            f"{info.table}: CHANGE_TRACKING_CURRENT_VERSION() is NULL: change tracking is off"
-        )
-    min_valid, object_id = fetch_one(conn, sql.min_valid_version(info.schema, info.name))
-    check_identity(info, object_id)
-    if min_valid is None:
-        raise TrackingNotEnabled(min_valid_is_null(info.table))
-    check_snapshot_versions(info.table, int(min_valid), int(current))
-    return int(current), None if estimate is None else int(estimate)
 
 
 def snapshot_row(described: DescribedTable, row: Sequence[Any]) -> dict[str, Any]:

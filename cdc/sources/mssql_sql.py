@@ -15,11 +15,15 @@ The statements of one poll, in one SNAPSHOT transaction (SQLSERVER.md)::
     SELECT CHANGE_TRACKING_MIN_VALID_VERSION(OBJECT_ID(?)),  -- NULL: error
            OBJECT_ID(?)                                   -- not the described table: error
     SELECT CHANGE_TRACKING_CURRENT_VERSION()                 -- NULL: error
+    SELECT c.name, c.column_id FROM sys.columns ...          -- the mask columns' ids, once
     SELECT TOP (?) ct.SYS_CHANGE_VERSION, ... FROM CHANGETABLE(CHANGES [s].[t], ?) AS ct
       LEFT JOIN [s].[t] AS t ON <pk equality> WHERE ct.SYS_CHANGE_VERSION <= ? [AND (version, pk) > after]
       ORDER BY ct.SYS_CHANGE_VERSION, <pk>                   -- TOP (page + 1): more to come?
-    [SELECT TOP (?) ... AND (version, pk) > after ...]       -- later pages, same transaction
+    [CREATE TABLE #cdc_changes ...; INSERT INTO #cdc_changes SELECT ROW_NUMBER() ...
+      FROM CHANGETABLE(...) WHERE ... AND (version, pk) > after]  -- the second page: the backlog
+    [SELECT TOP (?) ... FROM #cdc_changes AS p LEFT JOIN [s].[t] ... WHERE p.[@rn] > ?]  -- later pages
     COMMIT TRANSACTION                                       -- with the last page
+    [DROP TABLE IF EXISTS #cdc_changes]                      -- (mssql_backlog_sql)
 """
 
 from __future__ import annotations
@@ -103,10 +107,18 @@ def exact_text(expression: str) -> str:
     return f"CONVERT(nvarchar(40), {expression}, 121)"
 
 
-def _sql_type(type_name: str) -> str:
+def sql_type(type_name: str) -> str:
+    """``type_name``, checked to be a type's spelling and nothing else."""
     if not _SQL_TYPE.match(type_name):
         raise ValueError(f"{type_name!r} is not a SQL Server type name")
     return type_name
+
+
+def collation(name: str) -> str:
+    """``name``, checked to be a collation's name and nothing else."""
+    if not _COLLATION.match(name):
+        raise ValueError(f"{name!r} is not a SQL Server collation name")
+    return name
 
 
 # -- transactions ------------------------------------------------------------
@@ -155,43 +167,21 @@ def changes(
     upto: int,
     limit: int,
     after: tuple[int, Sequence[Any]] | None = None,
+    column_ids: Sequence[int | None] | None = None,
 ) -> Statement:
     """Net changes after ``since`` up to ``upto``, one page of ``limit`` rows in
     (version, primary key) order, starting after the ``after`` cursor.
 
-    The result columns are: the four SYS_CHANGE_* columns, ct.<pk...> (present
-    for deletes too), t.<published columns...> (NULL when the row is gone),
-    then one CHANGE_TRACKING_IS_COLUMN_IN_MASK flag per ``mask_columns``, then
-    the exact text of each ``exact_keys`` column (for the cursor).
-    ``SYS_CHANGE_VERSION <= upto`` keeps a row committed after the version
-    read in this transaction out of this read: it comes in the next one.
+    The result columns are ``change_columns``'s. ``column_ids``: the id of each
+    ``mask_columns`` column, read in the read's own transaction
+    (``column_ids_of``). ``SYS_CHANGE_VERSION <= upto`` keeps a row committed
+    after the version read in this transaction out of this read: it comes in
+    the next one.
     """
     table = shape.qualified
-    params: list[Any] = [limit]
-    select = [*_CT_COLUMNS]
-    select += [f"ct.{quote(c)}" for c in shape.primary_key]
-    select += [f"t.{quote(c)}" for c in shape.columns]
-    for column in shape.mask_columns:
-        # SYS_CHANGE_COLUMNS is opaque: decode it only with the documented function. Its
-        # column id comes from COLUMNPROPERTY(..., 'ColumnId') (sys.columns.column_id), by
-        # name, in this very statement: the function "does not perform any checks to validate
-        # the column_id value" (CHANGE_TRACKING_IS_COLUMN_IN_MASK, learn.microsoft.com), and a
-        # column dropped and added again under its name has a new id, so an id cached at
-        # describe would silently decode another column's bit.
-        select.append(
-            "CHANGE_TRACKING_IS_COLUMN_IN_MASK(COLUMNPROPERTY(OBJECT_ID(?), ?, 'ColumnId'), ct.SYS_CHANGE_COLUMNS)"
-        )
-        params += [table, column]
-    select += [exact_text(f"ct.{quote(c)}") for c in shape.exact_keys]
+    select, params = change_columns("ct", shape, _CT_COLUMNS, column_ids)
     join = " AND ".join(f"t.{quote(c)} = ct.{quote(c)}" for c in shape.primary_key)
-    params += [since, upto]
-    where = "ct.SYS_CHANGE_VERSION <= ?"
-    if after is not None:
-        version, key = after
-        terms: list[Term] = [("ct.SYS_CHANGE_VERSION", None, None), *_key_terms("ct", shape)]
-        keyset, keyset_params = _keyset_after(terms, [version, *key])
-        where += f" AND {keyset}"
-        params += keyset_params
+    where, where_params = changes_after(shape, upto=upto, after=after)
     order = ", ".join(["ct.SYS_CHANGE_VERSION", *(f"ct.{quote(c)}" for c in shape.primary_key)])
     sql = (
         f"SELECT TOP (?) {', '.join(select)} "  # noqa: S608 - identifiers quoted, values are parameters
@@ -199,7 +189,58 @@ def changes(
         f"LEFT JOIN {table} AS t ON {join} "
         f"WHERE {where} ORDER BY {order}"
     )
-    return _checked(Statement(sql, tuple(params)))
+    return _checked(Statement(sql, (limit, *params, since, *where_params)))
+
+
+def change_columns(
+    source: str, shape: TableShape, change: Sequence[str], column_ids: Sequence[int | None] | None
+) -> tuple[list[str], list[Any]]:
+    """The select list of a page of changes, and its parameters: the four
+    SYS_CHANGE_* columns (``change``, as ``source`` holds them), ``source``.<pk...>
+    (present for deletes too), t.<published columns...> (NULL when the row is
+    gone), then one CHANGE_TRACKING_IS_COLUMN_IN_MASK flag per ``mask_columns``,
+    then the exact text of each ``exact_keys`` column (for the cursor)."""
+    select = [*change]
+    select += [f"{source}.{quote(c)}" for c in shape.primary_key]
+    select += [f"t.{quote(c)}" for c in shape.columns]
+    # SYS_CHANGE_COLUMNS is opaque: decode it only with the documented function, whose
+    # column ids are parameters here, read by ``column_ids_of`` in the read's own transaction.
+    select += [f"CHANGE_TRACKING_IS_COLUMN_IN_MASK(?, {change[3]})" for _ in shape.mask_columns]
+    ids = list(column_ids) if column_ids is not None else [None] * len(shape.mask_columns)
+    if len(ids) != len(shape.mask_columns):
+        raise ValueError(f"{len(ids)} column ids for {len(shape.mask_columns)} mask columns")
+    select += [exact_text(f"{source}.{quote(c)}") for c in shape.exact_keys]
+    return select, ids
+
+
+def changes_after(
+    shape: TableShape, *, upto: int, after: tuple[int, Sequence[Any]] | None
+) -> tuple[str, list[Any]]:
+    """The WHERE clause of CHANGETABLE rows (``ct``) up to ``upto`` and after the ``after`` cursor."""
+    where, params = "ct.SYS_CHANGE_VERSION <= ?", [upto]
+    if after is not None:
+        version, key = after
+        terms: list[Term] = [("ct.SYS_CHANGE_VERSION", None, None), *_key_terms("ct", shape)]
+        keyset, keyset_params = _keyset_after(terms, [version, *key])
+        where += f" AND {keyset}"
+        params += keyset_params
+    return where, params
+
+
+# The column ids that decode SYS_CHANGE_COLUMNS, by name, read once per read in the read's own
+# transaction (not per row and column, as a COLUMNPROPERTY inside the page's select list would
+# be), with the table's name as the one parameter, however wide the table. Never an id cached
+# at describe: CHANGE_TRACKING_IS_COLUMN_IN_MASK "does not perform any checks to validate the
+# column_id value" (CHANGE_TRACKING_IS_COLUMN_IN_MASK, learn.microsoft.com), and a column
+# dropped and added again under its name has a new id, so a cached id would silently decode
+# another column's bit. The function takes sys.columns.column_id ("COLUMNPROPERTY",
+# learn.microsoft.com: ColumnId is the column_id of sys.columns).
+COLUMN_IDS = "SELECT c.name, c.column_id FROM sys.columns AS c WHERE c.object_id = OBJECT_ID(?)"
+
+
+def column_ids_of(shape: TableShape) -> Statement:
+    """Rows (name, column_id) of every column of the table now (``COLUMN_IDS``)."""
+    return Statement(COLUMN_IDS, (shape.qualified,))
 
 
 def snapshot_page(shape: TableShape, *, limit: int, after: Sequence[Any] | None = None) -> Statement:
@@ -230,7 +271,7 @@ def _key_terms(prefix: str, shape: TableShape) -> list[Term]:
     ]
 
 
-def _key_parameter(sql_type: str | None, collation: str | None) -> str:
+def _key_parameter(declared_type: str | None, key_collation: str | None) -> str:
     """A cursor's key value as the column's own type. Date and time values are
     the server's text (``exact_text``), converted back in its style; char and
     varchar values are converted to the column's code page (COLLATE on the
@@ -238,16 +279,14 @@ def _key_parameter(sql_type: str | None, collation: str | None) -> str:
     collation, not the database's default code page: "Collation precedence",
     learn.microsoft.com) and compared in its collation; any other type is cast,
     so the comparison uses the column's ordering (the same as ORDER BY)."""
-    if sql_type is None:
+    if declared_type is None:
         return "?"
-    declared = _sql_type(sql_type)
+    declared = sql_type(declared_type)
     base = declared.split("(", 1)[0]
     if base in _EXACT_TEXT_TYPES:
         return f"CONVERT({declared}, ?, 121)"
-    if base in _CHAR_TYPES and collation is not None:
-        if not _COLLATION.match(collation):
-            raise ValueError(f"{collation!r} is not a SQL Server collation name")
-        return f"CAST(? COLLATE {collation} AS {declared})"
+    if base in _CHAR_TYPES and key_collation is not None:
+        return f"CAST(? COLLATE {collation(key_collation)} AS {declared})"
     return f"CAST(? AS {declared})"
 
 
@@ -255,9 +294,9 @@ def _keyset_after(terms: Sequence[Term], values: Sequence[Any]) -> tuple[str, li
     """``(a, b, ...) > (va, vb, ...)`` spelled out for T-SQL, which has no row
     comparison: ``(a > ? OR (a = ? AND (b > ? OR ...)))``, each parameter as
     ``_key_parameter`` has it."""
-    (expr, sql_type, collation), *rest = terms
+    (expr, declared_type, key_collation), *rest = terms
     value, *more = values
-    placeholder = _key_parameter(sql_type, collation)
+    placeholder = _key_parameter(declared_type, key_collation)
     if not rest:
         return f"{expr} > {placeholder}", [value]
     inner, inner_params = _keyset_after(rest, more)
@@ -271,146 +310,6 @@ def _checked(statement: Statement) -> Statement:
             "publish fewer columns"
         )
     return statement
-
-
-# -- the catalog -------------------------------------------------------------
-
-COLUMNS = (
-    "SELECT c.column_id, c.name, ut.name AS type_name, bt.name AS base_type_name, "
-    "ut.is_assembly_type, c.max_length, c.precision, c.scale, c.is_nullable, c.is_computed, c.collation_name "
-    "FROM sys.columns AS c "
-    "JOIN sys.types AS ut ON ut.user_type_id = c.user_type_id "
-    "LEFT JOIN sys.types AS bt ON bt.user_type_id = c.system_type_id "
-    "WHERE c.object_id = OBJECT_ID(?) "
-    "ORDER BY c.column_id"
-)
-PRIMARY_KEY = (
-    "SELECT c.name "
-    "FROM sys.indexes AS i "
-    "JOIN sys.index_columns AS ic ON ic.object_id = i.object_id AND ic.index_id = i.index_id "
-    "JOIN sys.columns AS c ON c.object_id = ic.object_id AND c.column_id = ic.column_id "
-    "WHERE i.object_id = OBJECT_ID(?) AND i.is_primary_key = 1 AND ic.key_ordinal > 0 "
-    "ORDER BY ic.key_ordinal"
-)
-TABLE_TRACKING = (
-    "SELECT ctt.is_track_columns_updated_on, ctt.min_valid_version "
-    "FROM sys.change_tracking_tables AS ctt WHERE ctt.object_id = OBJECT_ID(?)"
-)
-TABLE_PERMISSIONS = (
-    "SELECT HAS_PERMS_BY_NAME(?, N'OBJECT', N'SELECT') AS can_select, "
-    "HAS_PERMS_BY_NAME(?, N'OBJECT', N'VIEW CHANGE TRACKING') AS can_view_change_tracking"
-)
-ROW_ESTIMATE = (
-    "SELECT SUM(p.rows) AS row_estimate FROM sys.partitions AS p "
-    "WHERE p.object_id = OBJECT_ID(?) AND p.index_id IN (0, 1)"
-)
-# The current database is always visible in sys.databases; sys.change_tracking_databases
-# may hide its row from a login that neither owns the database nor has VIEW ANY DATABASE,
-# so "tracking on" is read from CHANGE_TRACKING_CURRENT_VERSION() (NULL when off).
-DATABASE_SETTINGS = (
-    "SELECT d.name, d.snapshot_isolation_state, d.snapshot_isolation_state_desc, "
-    "CHANGE_TRACKING_CURRENT_VERSION() AS current_version, "
-    "ctd.retention_period, ctd.retention_period_units, ctd.is_auto_cleanup_on "
-    "FROM sys.databases AS d "
-    "LEFT JOIN sys.change_tracking_databases AS ctd ON ctd.database_id = d.database_id "
-    "WHERE d.database_id = DB_ID()"
-)
-
-
-# -- shape fingerprints and table states, many tables per statement -------------------------
-#
-# Relied on (learn.microsoft.com, SQL Server docs): "sys.change_tracking_tables"
-# returns one row per table that has change tracking enabled;
-# "CHANGE_TRACKING_MIN_VALID_VERSION" is NULL when tracking is off for the
-# database, the object id is not valid, or permission is missing, and is set
-# when tracking is enabled on the table; "COLUMNPROPERTY" ColumnId is
-# sys.columns.column_id; "Manage change tracking" lists what DDL does to a
-# tracked table (see docs/SQLSERVER.md, "When a table changes shape").
-#
-# One row per requested table, in request order (``r.n``), the names handed
-# over as parameters ``(VALUES (0, ?), (1, ?), ...)``: the statement text
-# depends only on how many tables are asked about, so every poll of the same
-# tables sends the same text (SQL Server can reuse its plan). A name that is no
-# table (dropped, renamed, a view, invisible to the login) comes back with a
-# NULL object_id (FINGERPRINT: a NULL identity).
-
-FINGERPRINT_BATCH = 2000  # tables per statement: one parameter each, under MAX_PARAMETERS
-_PER_TABLE = (
-    "FROM (VALUES {rows}) AS r(n, name) "
-    "LEFT JOIN sys.tables AS o ON o.object_id = OBJECT_ID(r.name) "
-    "LEFT JOIN sys.change_tracking_tables AS ctt ON ctt.object_id = o.object_id "
-    "ORDER BY r.n"
-)
-# The shape as text. Every column in column_id order, with its column_id: the
-# ids are what SYS_CHANGE_COLUMNS is made of (CHANGE_TRACKING_IS_COLUMN_IN_MASK
-# takes COLUMNPROPERTY(..., 'ColumnId'), that is sys.columns.column_id), and a
-# column dropped and added again under its name gets a new one. QUOTENAME keeps
-# the text unambiguous whatever the names hold; the casts to nvarchar(max)
-# keep STRING_AGG (SQL Server 2017+, any compatibility level) clear of its
-# 8000-byte limit on wide tables. Tracking: whether sys.change_tracking_tables
-# lists the table ("one row for each table ... that has change tracking
-# enabled") and its is_track_columns_updated_on.
-FINGERPRINT = (
-    f"SELECT r.n, {identity.IDENTITY} AS table_identity, CONCAT({identity.IDENTITY}, N'; columns ', "  # noqa: S608 - constants
-    "(SELECT STRING_AGG(CAST(CONCAT(c.column_id, N' ', QUOTENAME(c.name), N' ', c.system_type_id, N'/', "
-    "c.user_type_id, N' ', c.max_length, N' ', c.precision, N' ', c.scale, N' ', c.is_nullable, "
-    "c.is_computed) AS nvarchar(max)), N', ') WITHIN GROUP (ORDER BY c.column_id) "
-    "FROM sys.columns AS c WHERE c.object_id = o.object_id), N'; key ', "
-    "(SELECT STRING_AGG(CAST(QUOTENAME(c.name) AS nvarchar(max)), N', ') WITHIN GROUP (ORDER BY ic.key_ordinal) "
-    "FROM sys.indexes AS i "
-    "JOIN sys.index_columns AS ic ON ic.object_id = i.object_id AND ic.index_id = i.index_id "
-    "JOIN sys.columns AS c ON c.object_id = ic.object_id AND c.column_id = ic.column_id "
-    "WHERE i.object_id = o.object_id AND i.is_primary_key = 1 AND ic.key_ordinal > 0), N'; tracking ', "
-    "CASE WHEN ctt.object_id IS NULL THEN N'off' WHEN ctt.is_track_columns_updated_on = 1 "
-    "THEN N'on, columns updated on' ELSE N'on, columns updated off' END) AS fingerprint "
-) + _PER_TABLE.replace("ORDER BY r.n", f"{identity.THIS_DATABASE} ORDER BY r.n")
-# What `cdc tracking status` reports per table. The minimum valid version is
-# read for tables sys.change_tracking_tables lists only: for any other table
-# changes are not captured, whatever the function returns.
-TABLE_STATES = (
-    "SELECT r.n, o.object_id, ctt.object_id AS tracked_object_id, ctt.is_track_columns_updated_on, "
-    "CASE WHEN ctt.object_id IS NULL THEN NULL ELSE CHANGE_TRACKING_MIN_VALID_VERSION(o.object_id) END "
-    "AS min_valid_version "
-) + _PER_TABLE
-
-
-def fingerprints(names: Sequence[tuple[str, str]]) -> Statement:
-    """Rows (n, identity, fingerprint) for the (schema, name) tables, in order
-    (identity NULL: no such table)."""
-    return _per_table(FINGERPRINT, names)
-
-
-def table_states(names: Sequence[tuple[str, str]]) -> Statement:
-    """Rows (n, object_id, tracked_object_id, is_track_columns_updated_on,
-    min_valid_version) for the (schema, name) tables, in order."""
-    return _per_table(TABLE_STATES, names)
-
-
-def _per_table(template: str, names: Sequence[tuple[str, str]]) -> Statement:
-    if not 0 < len(names) <= FINGERPRINT_BATCH:
-        raise ValueError(f"ask about 1 to {FINGERPRINT_BATCH} tables per statement, not {len(names)}")
-    rows = ", ".join(f"({n}, ?)" for n in range(len(names)))  # n: a position, never a name
-    return Statement(template.format(rows=rows), tuple(qualified(schema, name) for schema, name in names))
-
-
-def columns(schema: str, name: str) -> Statement:
-    return Statement(COLUMNS, (qualified(schema, name),))
-
-
-def primary_key(schema: str, name: str) -> Statement:
-    return Statement(PRIMARY_KEY, (qualified(schema, name),))
-
-
-def table_tracking(schema: str, name: str) -> Statement:
-    return Statement(TABLE_TRACKING, (qualified(schema, name),))
-
-
-def table_permissions(schema: str, name: str) -> Statement:
-    return Statement(TABLE_PERMISSIONS, (qualified(schema, name),) * 2)
-
-
-def row_estimate(schema: str, name: str) -> Statement:
-    return Statement(ROW_ESTIMATE, (qualified(schema, name),))
 
 
 # -- setting tracking up -------------------------------------------------------

@@ -19,6 +19,7 @@ from cdc.config import TableConfig
 from cdc.errors import SchemaError
 from cdc.sources import mssql_isolation as isolation
 from cdc.sources import mssql_sql as sql
+from cdc.sources import mssql_sql_catalog as catalog_sql
 from cdc.sources.base import TrackingStatus
 from cdc.sources.mssql_errors import NO_PRIMARY_KEY, error_parts
 from cdc.sources.mssql_link import execute, fetch_all, fetch_one, fetch_scalar
@@ -37,7 +38,7 @@ class DatabaseSettings:
 
 def database_settings(conn: Any) -> DatabaseSettings:
     execute(conn, sql.SET_READ_COMMITTED)
-    row = fetch_one(conn, sql.DATABASE_SETTINGS)
+    row = fetch_one(conn, catalog_sql.DATABASE_SETTINGS)
     name, state, desc, current, period, units, cleanup = row
     retention = None if period is None or units is None else sql.retention_seconds(int(period), int(units))
     text = "unknown" if retention is None else "{} {}".format(*sql.retention(retention))
@@ -95,7 +96,7 @@ def enable(
 
 
 def _enable_table(conn: Any, table_config: TableConfig) -> str:
-    tracking = fetch_one(conn, sql.table_tracking(table_config.schema, table_config.name))
+    tracking = fetch_one(conn, catalog_sql.table_tracking(table_config.schema, table_config.name))
     if tracking is not None:
         if not tracking[0]:
             return (
@@ -125,7 +126,7 @@ def disable(conn: Any, tables: Sequence[TableConfig]) -> list[str]:
     execute(conn, sql.SET_READ_COMMITTED)
     done: list[str] = []
     for table_config in tables:
-        if fetch_one(conn, sql.table_tracking(table_config.schema, table_config.name)) is None:
+        if fetch_one(conn, catalog_sql.table_tracking(table_config.schema, table_config.name)) is None:
             done.append(f"{table_config.table}: not tracked")
             continue
         execute(conn, sql.disable_table_tracking(table_config.schema, table_config.name))
@@ -142,8 +143,10 @@ def status(conn: Any, tables: Sequence[TableConfig]) -> list[TrackingStatus]:
     current = fetch_scalar(conn, sql.CURRENT_VERSION)
     rows: list[Any] = []
     names = [(t.schema, t.name) for t in tables]
-    for start in range(0, len(names), sql.FINGERPRINT_BATCH):
-        rows += fetch_all(conn, sql.table_states(names[start : start + sql.FINGERPRINT_BATCH]))
+    for start in range(0, len(names), catalog_sql.FINGERPRINT_BATCH):
+        rows += fetch_all(
+            conn, catalog_sql.table_states(names[start : start + catalog_sql.FINGERPRINT_BATCH])
+        )
     return [
         table_status(table_config.table, db, TableState.of(row), current)
         for table_config, row in zip(tables, rows, strict=True)

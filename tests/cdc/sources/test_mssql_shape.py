@@ -14,6 +14,7 @@ from sqlglot import exp
 
 from cdc.errors import SchemaError
 from cdc.sources import mssql_sql as sql
+from cdc.sources import mssql_sql_catalog as catalog_sql
 from cdc.sources.base import Column, TableInfo
 from cdc.sources.mssql_catalog import choose_columns, shape_change
 from cdc.sources.mssql_tracking import DatabaseSettings, TableState, table_status
@@ -30,7 +31,7 @@ def parsed(statement: sql.Statement) -> exp.Expression:
 
 
 def test_the_fingerprint_statement_reads_every_part_of_the_shape() -> None:
-    tree = parsed(sql.fingerprints([("dbo", "Forecasts")]))
+    tree = parsed(catalog_sql.fingerprints([("dbo", "Forecasts")]))
     columns = {(c.table, c.name) for c in tree.find_all(exp.Column)}
     for part in (
         "column_id",
@@ -65,21 +66,21 @@ def test_the_fingerprint_statement_reads_every_part_of_the_shape() -> None:
 
 def test_fingerprinting_many_tables_is_one_statement_with_the_names_as_parameters() -> None:
     names = [("dbo", f"T{i}") for i in range(49)] + [HOSTILE]
-    statement = sql.fingerprints(names)
+    statement = catalog_sql.fingerprints(names)
     tree = parsed(statement)
     assert statement.params == (*(f"[dbo].[T{i}]" for i in range(49)), "[we]]ird].[x'); DROP TABLE t; --]")
     assert "DROP" not in statement.sql and "T48" not in statement.sql  # never pasted
     [values] = list(tree.find_all(exp.Values))
     assert [row.expressions[0].sql() for row in values.expressions] == [str(n) for n in range(50)]
     # the same number of tables gives the same text: every poll sends the same statement
-    assert sql.fingerprints([("s", f"n{i}") for i in range(50)]).sql == statement.sql
-    for wrong in ([], [("dbo", "T")] * (sql.FINGERPRINT_BATCH + 1)):
+    assert catalog_sql.fingerprints([("s", f"n{i}") for i in range(50)]).sql == statement.sql
+    for wrong in ([], [("dbo", "T")] * (catalog_sql.FINGERPRINT_BATCH + 1)):
         with pytest.raises(ValueError):
-            sql.fingerprints(wrong)
+            catalog_sql.fingerprints(wrong)
 
 
 def test_the_table_states_statement_reads_the_minimum_version_of_tracked_tables_only() -> None:
-    statement = sql.table_states([("dbo", "Forecasts"), HOSTILE])
+    statement = catalog_sql.table_states([("dbo", "Forecasts"), HOSTILE])
     tree = parsed(statement)
     [case] = [c for c in tree.find_all(exp.Case) if "MIN_VALID_VERSION" in c.sql("tsql")]
     assert case.args["ifs"][0].this.sql("tsql") == "ctt.object_id IS NULL"

@@ -24,6 +24,7 @@ from cdc.config import TableConfig
 from cdc.errors import SchemaError, SourceUnavailable, TrackingNotEnabled, TransientError
 from cdc.shapes import identity_change, shape_change
 from cdc.sources import mssql_sql as sql
+from cdc.sources import mssql_sql_catalog as catalog_sql
 from cdc.sources import mssql_watcher
 from cdc.sources.base import TableInfo
 from cdc.sources.memory import MemorySource
@@ -67,7 +68,7 @@ DB2 = "database 6f9619ff-8b86-d011-b42d-00c04fc964ff; fork 9e4c1f0a-1111-4c47-9d
         sql.WATCH_TICK,
         sql.DATABASE_IDENTITY,
         sql.min_valid_version("dbo", "T"),
-        sql.fingerprints([("dbo", "T")]),
+        catalog_sql.fingerprints([("dbo", "T")]),
     ],
     ids=["tick", "database", "min_valid", "fingerprint"],
 )
@@ -91,7 +92,7 @@ def test_the_tick_reads_the_version_the_database_identity_and_the_tracked_tables
 
 
 def test_a_tables_identity_holds_its_tracking_start_and_its_database() -> None:
-    fingerprint = sql.fingerprints([("dbo", "T")]).sql
+    fingerprint = catalog_sql.fingerprints([("dbo", "T")]).sql
     assert "ctt.begin_version" in fingerprint and "drs.recovery_fork_guid" in fingerprint
     read = sql.min_valid_version("dbo", "T").sql
     assert (
