@@ -51,7 +51,6 @@ from cdc.sources.mssql_link import (
     rollback_quietly,
 )
 from cdc.sources.mssql_reads import (
-    UnreadableValues,
     change_cursor,
     decode_change,
     first_page,
@@ -60,6 +59,7 @@ from cdc.sources.mssql_reads import (
     snapshot_begin,
     snapshot_cursor,
     snapshot_row,
+    unreadable_in,
 )
 from cdc.sources.mssql_tracking import disable, enable, status
 from cdc.sources.mssql_watcher import VersionWatcher, WatchedReads, read_database_identity, read_tick, watched
@@ -224,18 +224,19 @@ class MssqlSource:
     async def _check_unreadable(
         self, described: DescribedTable, rows: Sequence[dict[str, Any] | None]
     ) -> None:
-        """A value its converter could not read is the row's poison (the mapper
-        raises PoisonChange for it, the row goes to the dead letter) while the
-        table is as described; if its shape changed (ALTER COLUMN), SchemaError:
-        it is described again and read again, with converters for its new types."""
-        unreadable = next((r for r in rows if isinstance(r, UnreadableValues)), None)
-        if unreadable is None:
-            return
+        """A value its converter could not read (``cdc.values.Unreadable``) is
+        the row's poison (the mapper raises PoisonChange for it, the row goes
+        to the dead letter) while the table is as described; if its shape
+        changed (ALTER COLUMN), SchemaError: it is described again and read
+        again, with converters for its new types."""
         info = described.info
+        problem = unreadable_in(info.table, *rows)
+        if problem is None:
+            return
         name = TableName(info.table, info.schema, info.name)
         [found] = await self._link.run(lambda conn: read_fingerprints(conn, [name]), info.table)
         if found is None or found.fingerprint != info.fingerprint:
-            raise SchemaError(unreadable.changed_table())
+            raise SchemaError(problem)
 
     def _new_reader(self) -> Link:
         return Link(self._open_connection, self.config.dsn, "cdc-mssql-read")

@@ -51,6 +51,7 @@ class CatalogColumn:
     nullable: bool
     computed: bool
     collation: str | None = None  # character columns' (keyset cursors compare in it)
+    assembly: bool = False  # a CLR type (sys.types.is_assembly_type): base is its own name
 
 
 def catalog_columns(conn: Any, schema: str, name: str) -> list[CatalogColumn]:
@@ -73,7 +74,13 @@ def catalog_columns(conn: Any, schema: str, name: str) -> list[CatalogColumn]:
         declared = format_type(base, int(max_length), int(precision), int(scale))
         out.append(
             CatalogColumn(
-                str(column), declared, base, bool(nullable), bool(computed), collation and str(collation)
+                str(column),
+                declared,
+                base,
+                bool(nullable),
+                bool(computed),
+                collation and str(collation),
+                bool(is_assembly),
             )
         )
     return out
@@ -129,10 +136,19 @@ def describe(conn: Any, table_name: TableName, wanted: Sequence[str] | None) -> 
         )
     by_name = {c.name: c for c in catalog}
     published = [by_name[n] for n in names]
-    converters = {c.name: converter_for(table_name.table, c.name, c.base, c.declared) for c in published}
+    converters = column_converters(table_name.table, published, len(key_names))
     tracking = fetch_one(conn, sql.table_tracking(table_name.schema, table_name.name))
     described = _build_table(table_name, found, published[: len(key_names)], published, converters, tracking)
     return replace(described, info=replace(described.info, left_out=left_out))
+
+
+def column_converters(table: str, published: Sequence[CatalogColumn], n_key: int) -> dict[str, Converter]:
+    """Each published column's converter (the first ``n_key`` are the primary
+    key); UnsupportedType for the first column whose type cannot be mirrored."""
+    return {
+        c.name: converter_for(table, c.name, c.base, c.declared, key=i < n_key, assembly=c.assembly)
+        for i, c in enumerate(published)
+    }
 
 
 def choose_columns(
@@ -192,6 +208,7 @@ def _build_table(
         key_collations=tuple(c.collation for c in key),
         columns=tuple(c.name for c in published),
         mask_columns=masked if track_columns_updated else (),
+        column_types=tuple(c.base.lower() for c in published),
     )
     try:
         sql.changes(shape, since=0, upto=0, limit=1, after=(0, [None] * len(key_names)))
