@@ -151,6 +151,24 @@ def column_converters(table: str, published: Sequence[CatalogColumn], n_key: int
     }
 
 
+def check_published(conn: Any, table_name: TableName, wanted: Sequence[str] | None) -> None:
+    """UnsupportedType when a column the config publishes (or the primary
+    key) has a type that cannot be mirrored: ``cdc tracking enable`` checks
+    every table first, so that it installs nothing for a table the sidecar
+    would refuse. A table that is missing, has no primary key or lacks a
+    listed column is left to enabling and describing, which name it."""
+    catalog = catalog_columns(conn, table_name.schema, table_name.name)
+    key = [str(r[0]) for r in fetch_all(conn, sql.primary_key(table_name.schema, table_name.name))]
+    if not catalog or not key:
+        return
+    by_lower = {c.name.lower(): c for c in catalog}
+    listed = [
+        n for n in (wanted if wanted is not None else [c.name for c in catalog]) if n.lower() in by_lower
+    ]
+    published = [by_lower[n.lower()] for n in [*key, *listed] if n.lower() in by_lower]
+    column_converters(table_name.table, published, len(key))
+
+
 def choose_columns(
     table: str, catalog: Sequence[str], key: Sequence[str], wanted: Sequence[str] | None
 ) -> tuple[list[str], tuple[str, ...]]:

@@ -19,11 +19,12 @@ from hypothesis import strategies as st
 from sqlglot import exp
 
 from cdc.config import TableConfig
-from cdc.errors import PoisonChange, SchemaError
+from cdc.errors import PoisonChange, SchemaError, UnsupportedType
 from cdc.mapping import TableMapper
 from cdc.sources import mssql_sql as sql
 from cdc.sources import mssql_types as types
 from cdc.sources.base import ChangeRow
+from cdc.sources.mssql import MssqlSource
 from cdc.sources.mssql_catalog import (
     CatalogColumn,
     DescribedTable,
@@ -36,7 +37,7 @@ from cdc.sources.mssql_reads import read_values, snapshot_row, unreadable_in
 from cdc.sources.mssql_select import DATE_TIME_TEXT, column_select
 from cdc.templates import Template, render_key_value
 from cdc.values import Unreadable, encode_value
-from tests.cdc.sources.test_mssql_sql import parse, placeholders
+from tests.cdc.sources.test_mssql_sql import CONFIG, FakeOdbc, parse, placeholders, table_config
 
 # -- a table of every type ---------------------------------------------------------
 
@@ -316,3 +317,35 @@ def test_a_key_value_that_cannot_be_read_is_a_schema_error_naming_the_column() -
         SchemaError, match=r"^dbo\.Zoo: column Ts: datetime2\(7\) value 'soon' cannot be read"
     ):
         snapshot_row(zoo(), raw_row(Ts="soon"))
+
+
+# -- a type that cannot be mirrored: refused before anything is installed ------------------------
+
+
+@pytest.mark.parametrize(
+    ("columns", "refused"),
+    [(None, True), (("Price", "Shape"), True), (("Price", "Status"), False)],
+)
+async def test_tracking_enable_refuses_a_table_it_could_not_mirror_before_installing_anything(
+    columns: tuple[str, ...] | None, refused: bool
+) -> None:
+    """A published CLR column: `cdc tracking enable` raises UnsupportedType
+    naming table, column and fix, and sends no ALTER (not even the
+    database's); leaving the column out of `columns:` enables the table."""
+    fake = FakeOdbc()
+    fake.database = ("CdcDemo", 0, "OFF", None, None, None, None)
+    fake.tracking = []
+    fake.catalog.append((5, "Shape", "MyPoint", None, 1, -1, 0, 0, 1, 0))
+    source = MssqlSource(CONFIG, connector=fake.connect)
+    try:
+        if refused:
+            with pytest.raises(
+                UnsupportedType, match=r"^dbo\.Forecasts\.Shape: type MyPoint .*CLR.*columns:"
+            ):
+                await source.tracking_enable([table_config(columns)])
+            assert not [text for text, _ in fake.log if text.startswith("ALTER")]
+        else:
+            await source.tracking_enable([table_config(columns)])
+            assert [text for text, _ in fake.log if text.startswith("ALTER TABLE")]
+    finally:
+        await source.close()
