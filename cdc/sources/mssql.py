@@ -224,14 +224,10 @@ class MssqlSource:
     async def _check_unreadable(
         self, described: DescribedTable, rows: Sequence[dict[str, Any] | None]
     ) -> None:
-        """A value its converter could not read (``cdc.values.Unreadable``) is
-        the row's poison (the mapper raises PoisonChange for it, the row goes
-        to the dead letter) while the table is as described; if its shape
-        changed (ALTER COLUMN), SchemaError: it is described again and read
-        again, with converters for its new types."""
+        """An ``Unreadable`` value dead-letters its row (the mapper) while the table is as
+        described; if its shape changed (ALTER COLUMN), SchemaError: it is described again."""
         info = described.info
-        problem = unreadable_in(info.table, *rows)
-        if problem is None:
+        if (problem := unreadable_in(info.table, *rows)) is None:
             return
         name = TableName(info.table, info.schema, info.name)
         [found] = await self._link.run(lambda conn: read_fingerprints(conn, [name]), info.table)
