@@ -52,7 +52,7 @@ from cdc.sources.mssql_link import (
     rollback_quietly,
 )
 from cdc.sources.mssql_paging import first_page, next_page
-from cdc.sources.mssql_reads import UnreadableValues, change_cursor, decode_change
+from cdc.sources.mssql_reads import change_cursor, decode_change, unreadable_in
 from cdc.sources.mssql_snapshot import read_snapshot
 from cdc.sources.mssql_tracking import disable, enable, status
 from cdc.sources.mssql_watcher import VersionWatcher, WatchedReads, read_database_identity, read_tick, watched
@@ -115,7 +115,7 @@ class MssqlSource:
         return described.info
 
     async def fingerprints(self, tables: Sequence[TableConfig]) -> dict[str, str | None]:
-        """One statement for all ``tables`` (``mssql_sql.FINGERPRINT``), on the
+        """One statement for all ``tables`` (``mssql_sql_catalog.FINGERPRINT``), on the
         describe link: no SET first, as that link only ever runs at READ
         COMMITTED (describe sets it; SNAPSHOT transactions run on readers)."""
         names = [TableName(t.table, t.schema, t.name) for t in tables]
@@ -218,18 +218,15 @@ class MssqlSource:
     async def _check_unreadable(
         self, described: DescribedTable, rows: Sequence[dict[str, Any] | None]
     ) -> None:
-        """A value its converter could not read is the row's poison (the mapper
-        raises PoisonChange for it, the row goes to the dead letter) while the
-        table is as described; if its shape changed (ALTER COLUMN), SchemaError:
-        it is described again and read again, with converters for its new types."""
-        unreadable = next((r for r in rows if isinstance(r, UnreadableValues)), None)
-        if unreadable is None:
-            return
+        """An ``Unreadable`` value dead-letters its row (the mapper) while the table is as
+        described; if its shape changed (ALTER COLUMN), SchemaError: it is described again."""
         info = described.info
+        if (problem := unreadable_in(info.table, *rows)) is None:
+            return
         name = TableName(info.table, info.schema, info.name)
         [found] = await self._link.run(lambda conn: read_fingerprints(conn, [name]), info.table)
         if found is None or found.fingerprint != info.fingerprint:
-            raise SchemaError(unreadable.changed_table())
+            raise SchemaError(problem)
 
     def _new_reader(self) -> Link:
         return Link(self._open_connection, self.config.dsn, "cdc-mssql-read")

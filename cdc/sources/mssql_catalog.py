@@ -52,6 +52,7 @@ class CatalogColumn:
     nullable: bool
     computed: bool
     collation: str | None = None  # character columns' (keyset cursors compare in it)
+    assembly: bool = False  # a CLR type (sys.types.is_assembly_type): base is its own name
 
 
 def catalog_columns(conn: Any, schema: str, name: str) -> list[CatalogColumn]:
@@ -74,7 +75,13 @@ def catalog_columns(conn: Any, schema: str, name: str) -> list[CatalogColumn]:
         declared = format_type(base, int(max_length), int(precision), int(scale))
         out.append(
             CatalogColumn(
-                str(column), declared, base, bool(nullable), bool(computed), collation and str(collation)
+                str(column),
+                declared,
+                base,
+                bool(nullable),
+                bool(computed),
+                collation and str(collation),
+                bool(is_assembly),
             )
         )
     return out
@@ -132,10 +139,37 @@ def describe(conn: Any, table_name: TableName, wanted: Sequence[str] | None) -> 
         )
     by_name = {c.name: c for c in catalog}
     published = [by_name[n] for n in names]
-    converters = {c.name: converter_for(table_name.table, c.name, c.base, c.declared) for c in published}
+    converters = column_converters(table_name.table, published, len(key_names))
     tracking = fetch_one(conn, catalog_sql.table_tracking(table_name.schema, table_name.name))
     described = _build_table(table_name, found, published[: len(key_names)], published, converters, tracking)
     return replace(described, info=replace(described.info, left_out=left_out))
+
+
+def column_converters(table: str, published: Sequence[CatalogColumn], n_key: int) -> dict[str, Converter]:
+    """Each published column's converter (the first ``n_key`` are the primary
+    key); UnsupportedType for the first column whose type cannot be mirrored."""
+    return {
+        c.name: converter_for(table, c.name, c.base, c.declared, key=i < n_key, assembly=c.assembly)
+        for i, c in enumerate(published)
+    }
+
+
+def check_published(conn: Any, table_name: TableName, wanted: Sequence[str] | None) -> None:
+    """UnsupportedType when a column the config publishes (or the primary
+    key) has a type that cannot be mirrored: ``cdc tracking enable`` checks
+    every table first, so that it installs nothing for a table the sidecar
+    would refuse. A table that is missing, has no primary key or lacks a
+    listed column is left to enabling and describing, which name it."""
+    catalog = catalog_columns(conn, table_name.schema, table_name.name)
+    key = [str(r[0]) for r in fetch_all(conn, catalog_sql.primary_key(table_name.schema, table_name.name))]
+    if not catalog or not key:
+        return
+    by_lower = {c.name.lower(): c for c in catalog}
+    listed = [
+        n for n in (wanted if wanted is not None else [c.name for c in catalog]) if n.lower() in by_lower
+    ]
+    published = [by_lower[n.lower()] for n in [*key, *listed] if n.lower() in by_lower]
+    column_converters(table_name.table, published, len(key))
 
 
 def choose_columns(
@@ -195,6 +229,7 @@ def _build_table(
         key_collations=tuple(c.collation for c in key),
         columns=tuple(c.name for c in published),
         mask_columns=masked if track_columns_updated else (),
+        column_types=tuple(c.base.lower() for c in published),
     )
     try:
         sql.changes(shape, since=0, upto=0, limit=1, after=(0, [None] * len(key_names)))

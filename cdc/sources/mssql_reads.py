@@ -29,14 +29,16 @@ Each unit of work here is a function of a connection, run on a ``Link``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from decimal import InvalidOperation
 from typing import Any
 
-from cdc.errors import PoisonChange, SchemaError, SourceUnavailable, TrackingExpired, TrackingNotEnabled
+from cdc.errors import SchemaError, SourceUnavailable, TrackingExpired, TrackingNotEnabled
 from cdc.shapes import identity_change, identity_parts
 from cdc.sources import mssql_sql as sql
 from cdc.sources.base import ChangeRow, Cursor, Op, TableInfo
 from cdc.sources.mssql_catalog import DescribedTable
 from cdc.sources.mssql_types import convert
+from cdc.values import Unreadable
 
 # -- the table read is the table described ---------------------------------------
 
@@ -75,55 +77,27 @@ def check_identity(info: TableInfo, identity: Any) -> None:
 
 
 def converted(described: DescribedTable, names: Sequence[str], raw: Sequence[Any]) -> dict[str, Any]:
-    """``names`` -> their values converted for their described types. A value
-    that its described type cannot read means the column was retyped since
-    the describe (ALTER COLUMN): a SchemaError naming it, never a crash (the
-    primary key: a row cannot be addressed without it)."""
+    """``names`` (primary-key columns) -> their values converted for their
+    described types. A key value that its described type cannot read means
+    the column was retyped since the describe (ALTER COLUMN): a SchemaError
+    naming it, never a crash (a row cannot be addressed without its key)."""
     values = read_values(described, names, raw)
-    if isinstance(values, UnreadableValues):
-        raise SchemaError(values.changed_table())
+    problem = unreadable_in(described.info.table, values)
+    if problem is not None:
+        raise SchemaError(problem)
     return values
 
 
-class UnreadableValues(dict[str, Any]):
-    """A row's values, one of which its converter could not read (None in its
-    place). Reading that column raises ``PoisonChange``: the mapper reads every
-    published column to encode the row, so the feeder sends the row to the dead
-    letter (``cdc.feeder.RowFeeder``) and the read goes on with the next row.
-    Whether it is poison at all is decided first (``MssqlSource``): unless the
-    table's shape is still the one described, the column was retyped and the
-    table is described again instead (``changed_table``)."""
-
-    def __init__(
-        self, values: dict[str, Any], table: str, column: str, type_name: str, value: Any, exc: Exception
-    ):
-        super().__init__(values)
-        self.column = column
-        self.problem = f"{table}: column {column} holds {value!r}, which its described type {type_name} cannot read ({exc})"
-
-    def poison(self) -> PoisonChange:
-        return PoisonChange(f"{self.problem}: the row goes to the dead letter (the table is as described)")
-
-    def changed_table(self) -> str:
-        return (
-            f"{self.problem}: the table changed while it was read; it will be described again (ALTER COLUMN?)"
-        )
-
-    def __getitem__(self, column: str) -> Any:
-        if column == self.column:
-            raise self.poison()
-        return super().__getitem__(column)
-
-    def get(self, column: str, default: Any = None) -> Any:
-        if column == self.column:
-            raise self.poison()
-        return super().get(column, default)
-
-
 def read_values(described: DescribedTable, names: Sequence[str], raw: Sequence[Any]) -> dict[str, Any]:
-    """``names`` -> their values converted for their described types; an
-    ``UnreadableValues`` when a converter raised (any exception: converters
-    are pure functions of the value, so it is about the value)."""
+    """``names`` -> their values converted for their described types; a value
+    that its converter cannot read (it raised: converters are pure functions of
+    the value, so it is about the value) is a ``cdc.values.Unreadable`` naming
+    the value, its type and why. Encoding it raises PoisonChange naming the
+    column: the mapper sends the row to the dead letter with its table and key
+    (``cdc.feeder.RowFeeder``), and the read goes on with the next row. Whether
+    it is poison at all is decided first (``unreadable_in``, ``MssqlSource``):
+    unless the table's shape is still the one described, the column was
+    retyped and the table is described again instead."""
     table = described.info.table
     if len(names) != len(raw):
         raise SchemaError(
@@ -135,17 +109,37 @@ def read_values(described: DescribedTable, names: Sequence[str], raw: Sequence[A
         return {name: convert(converters[name], v) for name, v in zip(names, raw, strict=True)}
     except Exception:
         pass
+    types = {c.name: c.type_name for c in described.info.columns}
     values: dict[str, Any] = {}
-    failed: tuple[str, Any, Exception] | None = None
     for name, value in zip(names, raw, strict=True):
         try:
             values[name] = convert(converters[name], value)
         except Exception as error:
-            values[name] = None
-            failed = failed or (name, value, error)
-    assert failed is not None, "a converter raised once, not twice"
-    types = {c.name: c.type_name for c in described.info.columns}
-    return UnreadableValues(values, table, failed[0], types.get(failed[0], "?"), failed[1], failed[2])
+            values[name] = unreadable(types.get(name, "?"), value, error)
+    return values
+
+
+def unreadable(type_name: str, value: Any, error: Exception) -> Unreadable:
+    shown = repr(value)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    why = "not a number" if isinstance(error, InvalidOperation) else str(error) or type(error).__name__
+    return Unreadable(f"{type_name} value {shown} cannot be read as its described type ({why})")
+
+
+def unreadable_in(table: str, *rows: dict[str, Any] | None) -> str | None:
+    """What to say when the first value of ``rows`` that could not be read
+    comes from a table whose shape changed since it was described (None: every
+    value was read): the column was retyped (ALTER COLUMN), so the table is
+    described again, not its rows dead-lettered."""
+    for row in rows:
+        if row is None or Unreadable not in map(type, row.values()):  # (a loop in C: once per row read)
+            continue
+        column, value = next((c, v) for c, v in row.items() if type(v) is Unreadable)
+        return (
+            f"{table}: column {column}: {value.reason}: the table changed while it was read; "
+            "it will be described again (ALTER COLUMN?)"
+        )
+    return None
 
 
 # -- changes -------------------------------------------------------------------
@@ -275,11 +269,8 @@ def cursor_key(shape: sql.TableShape, raw_key: Sequence[Any], exact: Sequence[An
 
 def snapshot_row(described: DescribedTable, row: Sequence[Any]) -> dict[str, Any]:
     """A snapshot row (its primary key readable, else SchemaError; any other
-    column perhaps not: ``UnreadableValues``)."""
+    column perhaps not: an ``Unreadable`` in its place)."""
     n_key = len(described.shape.primary_key)
     key = converted(described, described.shape.primary_key, row[:n_key])
     rest = read_values(described, described.shape.columns[n_key:], row[n_key : len(described.shape.columns)])
-    if isinstance(rest, UnreadableValues):
-        rest.update(key)
-        return rest
     return {**key, **rest}

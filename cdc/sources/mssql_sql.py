@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdc.sources import mssql_sql_identity as identity
+from cdc.sources.mssql_select import column_select
 
 MAX_PARAMETERS = 2100  # SQL Server's limit on parameters per request
 _IDENTIFIER_MAX = 128
@@ -58,6 +59,9 @@ class TableShape:
     columns: tuple[str, ...]  # published columns, primary key first
     mask_columns: tuple[str, ...] = ()  # columns decoded from SYS_CHANGE_COLUMNS (empty: no column tracking)
     key_collations: tuple[str | None, ...] = ()  # sys.columns.collation_name of each key column (char types)
+    # the system type of each of ``columns`` (under any alias type; empty: each read as it is), which
+    # decides how it is selected (``column_select``)
+    column_types: tuple[str, ...] = ()
 
     @property
     def exact_keys(self) -> tuple[str, ...]:
@@ -67,6 +71,11 @@ class TableShape:
     @property
     def qualified(self) -> str:
         return qualified(self.schema, self.name)
+
+    def selected(self, prefix: str, columns: Sequence[str]) -> list[str]:
+        """``columns`` (published ones) as ``column_select`` reads each, from table alias ``prefix``."""
+        types = dict(zip(self.columns, self.column_types, strict=False))
+        return [column_select(f"{prefix}.{quote(c)}", types.get(c)) for c in columns]
 
 
 # -- identifiers -------------------------------------------------------------
@@ -201,8 +210,8 @@ def change_columns(
     gone), then one CHANGE_TRACKING_IS_COLUMN_IN_MASK flag per ``mask_columns``,
     then the exact text of each ``exact_keys`` column (for the cursor)."""
     select = [*change]
-    select += [f"{source}.{quote(c)}" for c in shape.primary_key]
-    select += [f"t.{quote(c)}" for c in shape.columns]
+    select += shape.selected(source, shape.primary_key)
+    select += shape.selected("t", shape.columns)
     # SYS_CHANGE_COLUMNS is opaque: decode it only with the documented function, whose
     # column ids are parameters here, read by ``column_ids_of`` in the read's own transaction.
     select += [f"CHANGE_TRACKING_IS_COLUMN_IN_MASK(?, {change[3]})" for _ in shape.mask_columns]
@@ -248,7 +257,7 @@ def snapshot_page(shape: TableShape, *, limit: int, after: Sequence[Any] | None 
     columns, then the exact text of each ``exact_keys`` column (for the cursor)."""
     params: list[Any] = [limit]
     columns = ", ".join(
-        [f"t.{quote(c)}" for c in shape.columns] + [exact_text(f"t.{quote(c)}") for c in shape.exact_keys]
+        shape.selected("t", shape.columns) + [exact_text(f"t.{quote(c)}") for c in shape.exact_keys]
     )
     where = ""
     if after is not None:

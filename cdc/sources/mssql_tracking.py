@@ -21,6 +21,7 @@ from cdc.sources import mssql_isolation as isolation
 from cdc.sources import mssql_sql as sql
 from cdc.sources import mssql_sql_catalog as catalog_sql
 from cdc.sources.base import TrackingStatus
+from cdc.sources.mssql_catalog import TableName, check_published
 from cdc.sources.mssql_errors import NO_PRIMARY_KEY, error_parts
 from cdc.sources.mssql_link import execute, fetch_all, fetch_one, fetch_scalar
 
@@ -59,7 +60,12 @@ def enable(
     """Turn on what is off. ``opener`` gives a new connection: turning snapshot
     isolation on waits for the database's open transactions, on a connection
     of its own (``mssql_isolation``); without one it runs on ``conn``, under
-    its query timeout."""
+    its query timeout. A published column whose type cannot be mirrored:
+    UnsupportedType before anything is turned on."""
+    for table_config in tables:
+        check_published(
+            conn, TableName(table_config.table, table_config.schema, table_config.name), table_config.columns
+        )
     done: list[str] = []
     db = database_settings(conn)
     if db.snapshot_state in (0, 2):  # OFF, or IN_TRANSITION_TO_OFF

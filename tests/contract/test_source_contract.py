@@ -227,9 +227,6 @@ async def test_describe_refuses_what_it_cannot_publish(harness: SourceHarness) -
     source = harness.source
     plain = await harness.create_table("plain", ITEMS, ["id"], track=False)
     keyless = await harness.create_table("keyless", ITEMS, [], track=False)
-    odd = await harness.create_table(
-        "odd", {"id": "int", "doc": harness.unsupported_type}, ["id"], track=False
-    )
 
     with pytest.raises(SchemaError, match="nothere"):
         await source.describe(make_table_config(plain.schema, "nothere"))
@@ -239,6 +236,11 @@ async def test_describe_refuses_what_it_cannot_publish(harness: SourceHarness) -
         await source.describe(keyless)
     with pytest.raises(SchemaError, match="keyless"):
         await source.tracking_enable([keyless])
+    if harness.unsupported_type is None:
+        return
+    odd = await harness.create_table(
+        "odd", {"id": "int", "doc": harness.unsupported_type}, ["id"], track=False
+    )
     with pytest.raises(UnsupportedType, match="doc"):
         await source.describe(odd)
     assert (await source.describe(make_table_config(odd.schema, odd.name, ["id"]))).column_names == ("id",)

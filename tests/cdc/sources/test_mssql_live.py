@@ -271,7 +271,7 @@ async def test_type_round_trip(source: MssqlSource, mssql_dsn: str) -> None:
         "Mon money, SMon smallmoney, Dt datetime, Dt2 datetime2(7), SDt smalldatetime, Dto datetimeoffset(7), "
         "D date, Tm time(7), Bin binary(3), VBin varbinary(max), Img image, Rv rowversion, C char(3), "
         "VC varchar(10), NC nchar(2), NVC nvarchar(max), Txt text, NTxt ntext, B bit, TI tinyint, SI smallint, "
-        "I int, BI bigint, F float, R real, X xml)",
+        "I int, BI bigint, F float, R real, X xml, H hierarchyid, G geometry, Geo geography, V sql_variant)",
     )
     table = TableConfig(
         table=f"dbo.{name}",
@@ -286,11 +286,13 @@ async def test_type_round_trip(source: MssqlSource, mssql_dsn: str) -> None:
         run(
             mssql_dsn,
             f"INSERT INTO dbo.{name} (Id, Dec, Num, Mon, SMon, Dt, Dt2, SDt, Dto, D, Tm, Bin, VBin, Img, C, VC, NC, "
-            "NVC, Txt, NTxt, B, TI, SI, I, BI, F, R, X) VALUES ('6F9619FF-8B86-D011-B42D-00C04FC964FF', 12.5, 42, "
+            "NVC, Txt, NTxt, B, TI, SI, I, BI, F, R, X, H, G, Geo, V) VALUES ('6F9619FF-8B86-D011-B42D-00C04FC964FF', "
+            "12.5, 42, "
             "12.5, 1.25, '2026-11-21T23:00:00.123', '2026-11-21T23:00:00.1234567', '2026-11-21T23:00:00', "
             "'2026-11-21T23:00:00.1234567+02:00', '2026-11-21', '23:59:59.1234567', 0x0001FF, 0xCAFE, 0xBEEF, "
             "'abc', 'héllo', N'ü', N'ünïcode', 'text', N'ntext', 1, 255, -32768, 2147483647, "
-            "9223372036854775807, 0.1, 1.1, '<a b=\"1\"/>')",
+            "9223372036854775807, 0.1, 1.1, '<a b=\"1\"/>', '/1/2/', geometry::STGeomFromText('POINT(1 2 3 4)', 0), "
+            "geography::Point(47.651, -122.349, 4326), CAST(12.50 AS decimal(10,2)))",
         )
         info = await tracked(source, table)
         [page] = [p async for p in source.snapshot(info, page_size=10)]
@@ -302,13 +304,19 @@ async def test_type_round_trip(source: MssqlSource, mssql_dsn: str) -> None:
             and row["Mon"] == Decimal("12.5000")
             and row["SMon"] == Decimal("1.2500")
         )
-        assert row["Dt"] == dt.datetime(2026, 11, 21, 23, 0, 0, 123000)
-        assert row["Dt2"] == dt.datetime(2026, 11, 21, 23, 0, 0, 123456)  # the 7th digit is truncated
-        assert row["SDt"] == dt.datetime(2026, 11, 21, 23, 0)
-        assert row["Dto"] == dt.datetime(
-            2026, 11, 21, 23, 0, 0, 123456, tzinfo=dt.timezone(dt.timedelta(hours=2))
+        assert row["Dt"] == "2026-11-21T23:00:00.123000"
+        assert row["Dt2"] == "2026-11-21T23:00:00.1234567"  # every digit: 100 ns
+        assert row["SDt"] == "2026-11-21T23:00:00"
+        assert row["Dto"] == "2026-11-21T23:00:00.1234567+02:00"
+        assert row["D"] == dt.date(2026, 11, 21) and row["Tm"] == "23:59:59.1234567"
+        assert row["H"] == "/1/2/"
+        serialized = scalar(mssql_dsn, f"SELECT CAST(G AS varbinary(max)) FROM dbo.{name}")
+        assert row["G"] == serialized and row["G"][:4] == (0).to_bytes(4, "little")  # [MS-SSCLRT]: SRID first
+        assert row["Geo"][:4] == (4326).to_bytes(4, "little")
+        assert (
+            scalar(mssql_dsn, f"SELECT CAST(0x{row['G'].hex()} AS geometry).AsTextZM()") == "POINT (1 2 3 4)"
         )
-        assert row["D"] == dt.date(2026, 11, 21) and row["Tm"] == dt.time(23, 59, 59, 123456)
+        assert row["V"] == {"type": "decimal", "value": Decimal("12.50")}
         assert row["Bin"] == b"\x00\x01\xff" and row["VBin"] == b"\xca\xfe" and row["Img"] == b"\xbe\xef"
         assert isinstance(row["Rv"], bytes) and len(row["Rv"]) == 8
         assert (row["C"], row["VC"], row["NC"], row["NVC"]) == ("abc", "héllo", "ü ", "ünïcode")
@@ -318,6 +326,80 @@ async def test_type_round_trip(source: MssqlSource, mssql_dsn: str) -> None:
         assert row["X"] == '<a b="1"/>'
         for column, value in row.items():
             encode_value(value, column)  # every value has a JSON form
+    finally:
+        run(mssql_dsn, f"DROP TABLE IF EXISTS dbo.{name}")
+
+
+def config_of(name: str) -> TableConfig:
+    return TableConfig(
+        table=f"dbo.{name}",
+        schema="dbo",
+        name=name,
+        section=name.lower(),
+        partition=Template.parse("p"),
+        key=None,
+        columns=None,
+    )
+
+
+VARIANTS = [  # (T-SQL value, the JSON the mirror holds)
+    ("CAST(5 AS int)", '{"type":"int","value":5}'),
+    ("CAST(9223372036854775807 AS bigint)", '{"type":"bigint","value":9223372036854775807}'),
+    ("CAST(1 AS bit)", '{"type":"bit","value":true}'),
+    ("CAST(12.50 AS decimal(10,2))", '{"type":"decimal","value":"12.50"}'),
+    ("CAST(-1.2345 AS money)", '{"type":"money","value":"-1.2345"}'),
+    ("CAST(0.1 AS float)", '{"type":"float","value":0.1}'),
+    ("CAST(1.1 AS real)", '{"type":"real","value":1.1}'),
+    ("CAST(N'5' AS nvarchar(10))", '{"type":"nvarchar","value":"5"}'),
+    ("CAST('hé' AS varchar(10))", '{"type":"varchar","value":"hé"}'),
+    ("CAST(0x00FF AS varbinary(10))", '{"type":"varbinary","value":"AP8="}'),
+    ("CAST('2026-11-21' AS date)", '{"type":"date","value":"2026-11-21"}'),
+    (
+        "CAST('2026-11-21T23:00:00.1234567' AS datetime2(7))",
+        '{"type":"datetime2","value":"2026-11-21T23:00:00.1234567"}',
+    ),
+    ("CAST('23:59:59.5' AS time(3))", '{"type":"time","value":"23:59:59.500000"}'),
+    (
+        "CAST('2026-11-21T23:00:00.1+02:00' AS datetimeoffset(1))",
+        '{"type":"datetimeoffset","value":"2026-11-21T23:00:00.100000+02:00"}',
+    ),
+    (
+        "CAST('6F9619FF-8B86-D011-B42D-00C04FC964FF' AS uniqueidentifier)",
+        '{"type":"uniqueidentifier","value":"6f9619ff-8b86-d011-b42d-00c04fc964ff"}',
+    ),
+]
+
+
+async def test_sql_variant_values_carry_their_base_type(source: MssqlSource, mssql_dsn: str) -> None:
+    name = "Variants_" + uuid.uuid4().hex[:8]
+    run(mssql_dsn, f"CREATE TABLE dbo.{name} (Id int NOT NULL PRIMARY KEY, V sql_variant)")
+    try:
+        for i, (value, _) in enumerate([*VARIANTS, ("NULL", "null")]):
+            run(mssql_dsn, f"INSERT INTO dbo.{name} VALUES ({i}, {value})")
+        info = await tracked(source, config_of(name))
+        rows = await snapshot_rows(source, info)
+        assert [encode_value(r["V"], "V").decode() for r in rows] == [j for _, j in VARIANTS] + ["null"]
+    finally:
+        run(mssql_dsn, f"DROP TABLE IF EXISTS dbo.{name}")
+
+
+async def test_keys_below_a_microsecond_are_documents_of_their_own(
+    source: MssqlSource, mssql_dsn: str
+) -> None:
+    """Issue 14 item 1: datetime2(7) keys 100 ns apart are rows of their own, so
+    documents of their own, and pages of rows sharing one microsecond page on."""
+    name = "Ticks_" + uuid.uuid4().hex[:8]
+    run(mssql_dsn, f"CREATE TABLE dbo.{name} (Ts datetime2(7) NOT NULL PRIMARY KEY, N int)")
+    try:
+        for tick in range(5):
+            run(mssql_dsn, f"INSERT INTO dbo.{name} VALUES ('2026-11-21T23:00:00.123456{tick}', {tick})")
+        info = await tracked(source, config_of(name))
+        rows = [row async for page in source.snapshot(info, page_size=2) for row in page.rows]
+        keys = [Template.join(info.primary_key).render(row) for row in rows]
+        assert keys == [
+            "2026-11-21T23:00:00.123456",
+            *(f"2026-11-21T23:00:00.123456{tick}" for tick in range(1, 5)),
+        ]
     finally:
         run(mssql_dsn, f"DROP TABLE IF EXISTS dbo.{name}")
 

@@ -111,33 +111,55 @@ def test_scalars() -> None:
         assert types.converter_for("dbo.T", "S", text)("héllo <a/>") == "héllo <a/>"
 
 
-def test_date_and_time_values_and_their_text_forms() -> None:
+def test_dates_and_times_in_every_form_a_driver_hands_over() -> None:
+    """Both drivers return the nvarchar that CONVERT(..., 121) gives as str
+    (and FreeTDS below TDS 7.3 date and time columns themselves, in the same
+    down-level text); a datetime that a driver made holds microseconds."""
     assert types.to_date("2026-11-21") == dt.date(2026, 11, 21)
     assert types.to_date(dt.datetime(2026, 11, 21, 1, 2)) == dt.date(2026, 11, 21)
-    assert types.to_time("23:59:59.1234567") == dt.time(23, 59, 59, 123456)
-    assert types.to_datetime("2026-11-21 23:59:59.1234567") == dt.datetime(2026, 11, 21, 23, 59, 59, 123456)
-    assert types.to_datetime("2026-11-21 23:59:00") == dt.datetime(2026, 11, 21, 23, 59)  # smalldatetime
+    assert types.iso_time("23:59:59.1234567") == "23:59:59.1234567"
+    assert types.iso_time(b"23:59:59") == "23:59:59"
+    assert types.iso_time(dt.time(23, 59, 59, 123456)) == "23:59:59.123456"
+    assert types.iso_datetime("2026-11-21 23:59:59.1234567") == "2026-11-21T23:59:59.1234567"
+    assert types.iso_datetime("2026-11-21 23:59:00.000") == "2026-11-21T23:59:00"  # smalldatetime
+    assert types.iso_datetime("2026-11-21 23:59:00.997") == "2026-11-21T23:59:00.997000"  # datetime
+    assert types.iso_datetime(dt.datetime(2026, 1, 2, 3, 4, 5, 6)) == "2026-01-02T03:04:05.000006"
     assert (
-        encode_value(types.to_datetime(dt.datetime(2026, 1, 2, 3, 4, 5, 6)))
-        == b'"2026-01-02T03:04:05.000006"'
+        types.iso_datetimeoffset("2026-11-21 23:00:05.1234567 +02:00") == "2026-11-21T23:00:05.1234567+02:00"
     )
-    assert encode_value(types.to_date(dt.date(2026, 1, 2))) == b'"2026-01-02"'
+    assert types.iso_datetimeoffset("0001-01-01 00:00:00 -14:00") == "0001-01-01T00:00:00-14:00"
+    west = dt.datetime(2024, 2, 29, 8, 30, tzinfo=dt.timezone(-dt.timedelta(hours=5, minutes=30)))
+    assert types.iso_datetimeoffset(west) == "2024-02-29T08:30:00-05:30"
+    assert encode_value(types.iso_datetime("2026-01-02 03:04:05.0000001")) == b'"2026-01-02T03:04:05.0000001"'
+    for bad in ("2026-11-21", "23:59:59.12345678", "yesterday", "2026-11-21 23:59:59 +2"):
+        with pytest.raises(ValueError, match="as SQL Server writes it"):
+            types.iso_datetimeoffset(bad)
 
 
-@pytest.mark.parametrize(
-    "type_name", ["sql_variant", "geography", "geometry", "hierarchyid", "cursor", "MyClrType"]
-)
-def test_unsupported_types_name_table_column_and_type(type_name: str) -> None:
+@pytest.mark.parametrize("type_name", ["MyClrType", "Money2"])
+def test_clr_user_types_are_refused_with_the_fix(type_name: str) -> None:
     with pytest.raises(UnsupportedType) as caught:
-        types.converter_for("dbo.Forecasts", "Anything", type_name)
+        types.converter_for("dbo.Forecasts", "Anything", type_name, type_name.lower(), assembly=True)
     message = str(caught.value)
-    assert "dbo.Forecasts" in message and "Anything" in message and type_name.lower() in message.lower()
+    assert message.startswith(f"dbo.Forecasts.Anything: type {type_name} cannot be mirrored: a CLR")
+    assert "columns:" in message and "CAST([Anything] AS nvarchar(4000))" in message
     assert isinstance(caught.value, SchemaError)
 
 
+def test_a_type_cdc_sync_does_not_know_is_refused_with_the_fix() -> None:
+    with pytest.raises(UnsupportedType, match=r"dbo\.T\.V: type vector\(3\) cannot be mirrored: .*columns:"):
+        types.converter_for("dbo.T", "V", "vector", "vector(3)")
+
+
+def test_a_sql_variant_primary_key_is_refused_and_a_published_one_is_not() -> None:
+    assert types.converter_for("dbo.T", "V", "sql_variant") is types.to_variant
+    with pytest.raises(UnsupportedType, match=r"dbo\.T\.V: a primary-key column of type sql_variant .*ALTER"):
+        types.converter_for("dbo.T", "V", "sql_variant", key=True)
+
+
 def test_an_alias_type_is_shown_with_its_declared_name() -> None:
-    with pytest.raises(UnsupportedType, match=r"type dbo\.Blob"):
-        types.converter_for("dbo.T", "C", "sql_variant", "dbo.Blob")
+    with pytest.raises(UnsupportedType, match=r"type dbo\.Blob cannot be mirrored"):
+        types.converter_for("dbo.T", "C", "MyClr", "dbo.Blob", assembly=True)
 
 
 @pytest.mark.parametrize(
