@@ -214,6 +214,7 @@ def _build(data: dict[str, Any], lines: Lines, name: str) -> Config:
     entry_lines = _entry_lines(lines)
     tables = tuple(_build_table(t, i, lines, entry_lines[i], name) for i, t in enumerate(data["tables"]))
     _check_unique(tables)
+    _check_dsn(source["dsn"])
     _check_redis_url(redis)
     return Config(
         source=SourceConfig(
@@ -316,6 +317,16 @@ def _backoff(
     if bounded != sorted(set(bounded)):
         raise FieldError(where, "the step limits must increase")
     return steps
+
+
+def _check_dsn(dsn: str) -> None:
+    """Blank is no DSN: libpq would read it as "all defaults" and try a local
+    socket, failing with exit 3 about a server nobody configured."""
+    if not dsn.strip():
+        raise FieldError(
+            ("source", "dsn"),
+            "the value is blank (only spaces): set it to the connection string, e.g. ${CDC_SOURCE_DSN}",
+        )
 
 
 def _check_unique(tables: tuple[TableConfig, ...]) -> None:

@@ -28,9 +28,27 @@ class TableMapper:
                 template.check_columns(info.primary_key)
             except ValueError as exc:
                 raise config.error(what, str(exc)) from None
+        self._check_identity(config, info)
         self.columns = info.column_names
         self._names_size = sum(map(len, self.columns))
         self.fence = 0  # the lease's fencing token, carried by every change
+
+    def _check_identity(self, config: TableConfig, info: TableInfo) -> None:
+        """The partition and the key together are a row's document: they must
+        use every primary-key column, or rows that differ only in a column left
+        out share one document (each write replaces the other's, a delete of
+        one removes both from the mirror)."""
+        used = {*config.partition.columns, *self.key_template.columns}
+        missing = [column for column in info.primary_key if column not in used]
+        if missing:
+            names = ", ".join(missing)
+            suggestion = ":".join(f"{{{c}}}" for c in info.primary_key if c not in config.partition.columns)
+            raise config.error(
+                "key",
+                f"template {self.key_template.source!r} (with partition {config.partition.source!r}) leaves "
+                f"out primary-key column(s) {names}: rows that differ only there would share one document, "
+                f"each overwriting the other; use every key column, e.g. key: {suggestion!r}",
+            )
 
     @property
     def table(self) -> str:

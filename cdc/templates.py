@@ -3,10 +3,24 @@ primary-key columns, e.g. ``"{RegionId}"`` or ``"{OrderId}:{Line}"``.
 
 A deleted row has nothing but its key, so templates may only use primary-key
 columns; that is checked once the table's key is known (``check_columns``).
+
+Two rows must never render to the same text: the document key (with the
+partition) is the row's identity in Redis, and two rows sharing it would
+overwrite each other's document, a delete of one removing the other. With one
+column reference the value is kept as it is (surrounding literal text cannot
+make two values collide). With two or more, a value could hold the text
+between them (``{a}:{b}`` renders ``('x:y', 'z')`` and ``('x', 'y:z')`` both
+as ``x:y:z``), so in each value ``%`` and every character of the template's
+literal text are percent-encoded (UTF-8, ``%3A`` for ``:``): the literal
+text then marks where each value ends, and the rendering reads back to the
+values. Two references with no text between them (``{a}{b}``) cannot be told
+apart at all and are refused, and so is a literal ``%`` (it would read as
+the start of an encoded character).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,12 +46,22 @@ class Template:
             name = match.group(1)
             if not _COLUMN.fullmatch(name):
                 raise ValueError(f"template {text!r}: {{{name}}} is not a column name")
+            if parts and parts[-1][0]:
+                raise ValueError(
+                    f"template {text!r}: {{{parts[-1][1]}}} and {{{name}}} have no text between them, so two "
+                    f"rows could render the same key; separate them, e.g. {{{parts[-1][1]}}}:{{{name}}}"
+                )
             parts.append((True, name))
             pos = match.end()
         if pos < len(text):
             parts.append((False, _literal(text, text[pos:])))
         if not parts:
             raise ValueError("a template cannot be empty")
+        if sum(is_column for is_column, _ in parts) > 1 and "%" in text:
+            raise ValueError(
+                f"template {text!r}: with several columns, '%' cannot be literal text (it starts the "
+                "percent-encoding of a value that holds the template's text); use another separator, e.g. ':'"
+            )
         return cls(text, tuple(parts))
 
     @classmethod
@@ -67,12 +91,27 @@ class Template:
                     f"primary-key column (primary key: {', '.join(allowed)})"
                 )
 
+    @functools.cached_property
+    def _escapes(self) -> dict[int, str] | None:
+        """What ``render`` percent-encodes in each value (module docstring):
+        None with fewer than two column references."""
+        if len(self.columns) < 2:
+            return None
+        reserved = {"%", *(char for is_column, text in self.parts if not is_column for char in text)}
+        return {ord(char): "".join(f"%{byte:02X}" for byte in char.encode()) for char in reserved}
+
     def render(self, values: Mapping[str, object]) -> str:
         if len(self.parts) == 1:  # a literal or one column: the common cases, once per change
             is_column, text = self.parts[0]
             return render_key_value(values[text]) if is_column else text
+        escapes = self._escapes
+        if escapes is None:
+            return "".join(
+                render_key_value(values[text]) if is_column else text for is_column, text in self.parts
+            )
         return "".join(
-            render_key_value(values[text]) if is_column else text for is_column, text in self.parts
+            render_key_value(values[text]).translate(escapes) if is_column else text
+            for is_column, text in self.parts
         )
 
 

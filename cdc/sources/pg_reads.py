@@ -39,6 +39,19 @@ WHOLE_READ_ROWS = 500
 _names = itertools.count(1)
 
 
+def source_relation(info: TableInfo, *, ordinary: bool) -> sql.Composable:
+    """The table rows are read from: ``ONLY`` the table itself when it is an
+    ordinary table, whose change triggers see its own rows alone. Without
+    ONLY, a SELECT also reads the rows of tables that inherit from it
+    (https://www.postgresql.org/docs/current/ddl-inherit.html), whose writes
+    fire their own triggers, not the parent's: a snapshot would mirror them
+    and no change would ever follow them. A partitioned table holds no rows
+    itself (ONLY would read none); its partitions' writes do fire the triggers
+    ``tracking enable`` put on it."""
+    table = sql.Identifier(info.schema, info.name)
+    return sql.SQL("only {}").format(table) if ordinary else table
+
+
 def changes_query(
     schema: str,
     net: str,
@@ -46,6 +59,7 @@ def changes_query(
     *,
     after: bool,
     limit: bool,
+    ordinary: bool,
     bound: sql.Composable | None = None,
 ) -> sql.Composed:
     """Entries in (since, bound], after a (version, key) cursor when ``after``,
@@ -72,7 +86,7 @@ def changes_query(
         keys=keys,
         columns=sql.SQL(", ").join(sql.Identifier("t", c) for c in info.column_names),
         net=sql.Identifier(schema, net),
-        source=sql.Identifier(info.schema, info.name),
+        source=source_relation(info, ordinary=ordinary),
         on=on,
         cursor=cursor,
         limit=sql.SQL(" limit %s") if limit else sql.SQL(""),
@@ -108,14 +122,16 @@ class Window:
 WINDOW_COLUMNS = len(fields(Window))
 
 
-def whole_read_query(schema: str, net: str, info: TableInfo) -> sql.Composed:
+def whole_read_query(schema: str, net: str, info: TableInfo, *, ordinary: bool) -> sql.Composed:
     """The window and the first ``limit`` entries up to its bound, in ONE
     statement, so in one snapshot without a transaction around it: a read
     that fits one page (every poll of a table that is quiet or keeping up)
     costs one round trip instead of four. Parameters: "schema.name", since,
     limit. Row layout: the window's columns, then ``changes_query``'s
     (all NULL, in the one row, when there is no entry)."""
-    changes = changes_query(schema, net, info, after=False, limit=True, bound=sql.SQL("w.bound"))
+    changes = changes_query(
+        schema, net, info, after=False, limit=True, ordinary=ordinary, bound=sql.SQL("w.bound")
+    )
     return sql.SQL("select * from ({}) as w left join lateral ({}) as c on true").format(
         window_query(schema, info), changes
     )
@@ -242,7 +258,7 @@ class HeldRead:
             await self.conn.execute(sql.SQL("close {}").format(sql.Identifier(self.name)))
 
 
-def snapshot_query(info: TableInfo, *, after: bool) -> sql.Composed:
+def snapshot_query(info: TableInfo, *, after: bool, ordinary: bool) -> sql.Composed:
     """A keyset page: parameters [last key...], limit."""
     keys = sql.SQL(", ").join(map(sql.Identifier, info.primary_key))
     cursor: sql.Composable = sql.SQL("")
@@ -251,7 +267,7 @@ def snapshot_query(info: TableInfo, *, after: bool) -> sql.Composed:
         cursor = sql.SQL(" where ({}) > ({})").format(keys, placeholders)
     return sql.SQL("select {} from {}{} order by {} limit %s").format(
         sql.SQL(", ").join(map(sql.Identifier, info.column_names)),
-        sql.Identifier(info.schema, info.name),
+        source_relation(info, ordinary=ordinary),
         cursor,
         keys,
     )
@@ -320,7 +336,14 @@ async def window(conn: Connection, schema: str, info: TableInfo, since: int) -> 
 
 
 async def whole_read(
-    conn: Connection, schema: str, info: TableInfo, since: int, limit: int, queries: dict[TableInfo, bytes]
+    conn: Connection,
+    schema: str,
+    info: TableInfo,
+    since: int,
+    limit: int,
+    queries: dict[TableInfo, bytes],
+    *,
+    ordinary: bool,
 ) -> tuple[ChangePage, bool] | None:
     """A read that fits one page, in one statement (``whole_read_query``, composed
     once per table into ``queries``), and whether its bound covers every
@@ -331,7 +354,7 @@ async def whole_read(
     net = pg_tracking.net_table_name(info.schema, info.name)
     query = queries.get(info)
     if query is None:
-        query = queries[info] = whole_read_query(schema, net, info).as_bytes(conn)
+        query = queries[info] = whole_read_query(schema, net, info, ordinary=ordinary).as_bytes(conn)
     probe = min(limit, WHOLE_READ_ROWS)
     try:
         records = await (await conn.execute(query, [qualified, since, probe + 1])).fetchall()
@@ -354,19 +377,21 @@ async def first_page(
     limit: int,
     upto: int | None,
     after: Cursor | None,
+    *,
+    ordinary: bool,
 ) -> tuple[ChangePage, HeldRead | None]:
     """One transaction: check ``since``, fix the bound, read a page and hold the rest."""
     async with conn.transaction():
         await lock_source(conn, info)
         bound, net = await window(conn, schema, info, since)
         bound = max(since, bound if upto is None else min(upto, bound))
-        query = changes_query(schema, net, info, after=after is not None, limit=True)
+        query = changes_query(schema, net, info, after=after is not None, limit=True, ordinary=ordinary)
         cursor = [] if after is None else [after[0], *after[1]]
         result = await conn.execute(query, [since, bound, *cursor, limit + 1])
         page, _ = await load_page(result, info, since, bound, limit, [])
         if page.cursor is None:
             return page, None
-        rest = changes_query(schema, net, info, after=True, limit=False)
+        rest = changes_query(schema, net, info, after=True, limit=False, ordinary=ordinary)
         params = [since, bound, page.cursor[0], *page.cursor[1]]
         held = await HeldRead.declare(conn, rest, params, since, bound)
         held.after = page.cursor
@@ -411,7 +436,7 @@ async def snapshot_version(conn: Connection, schema: str, info: TableInfo) -> in
     return version
 
 
-async def estimated_rows(conn: Connection, info: TableInfo) -> int | None:
+async def estimated_rows(conn: Connection, info: TableInfo, *, ordinary: bool) -> int | None:
     """For progress: the planner's estimate, or a count when there is none yet."""
     row = await (
         await conn.execute(
@@ -422,14 +447,14 @@ async def estimated_rows(conn: Connection, info: TableInfo) -> int | None:
     ).fetchone()
     if row is not None and row[0] >= 0:
         return int(row[0])
-    count = sql.SQL("select count(*) from {}").format(sql.Identifier(info.schema, info.name))
+    count = sql.SQL("select count(*) from {}").format(source_relation(info, ordinary=ordinary))
     counted = await (await conn.execute(count)).fetchone()
     return int(counted[0]) if counted else None
 
 
 async def snapshot_records(
-    conn: Connection, info: TableInfo, last: tuple[Any, ...] | None, page_size: int
+    conn: Connection, info: TableInfo, last: tuple[Any, ...] | None, page_size: int, *, ordinary: bool
 ) -> list[Any]:
     """The keyset page after the key ``last`` (the first page when None)."""
-    query = snapshot_query(info, after=last is not None)
+    query = snapshot_query(info, after=last is not None, ordinary=ordinary)
     return await fetch_all(await conn.execute(query, [*(last or ()), page_size]))

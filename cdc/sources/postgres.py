@@ -83,6 +83,7 @@ class PostgresSource:
         self._held = self._sessions.held  # table -> the rest of a paged read
         self._paged: set[str] = set()  # tables whose last read took more than one page
         self._whole_reads: dict[TableInfo, bytes] = {}  # whole_read_query, composed once per table
+        self._partitioned: set[str] = set()  # tables described as partitioned (relkind 'p')
         self._described: dict[str, TableInfo] = {}  # table -> what describe last returned
         self._listener = NotificationListener(self._sessions.open, channel=config.tracking_schema)
         self._quiet = QuietReads(self._listener)
@@ -114,7 +115,12 @@ class PostgresSource:
         await self._forget_shape(info)
         # what the notify trigger sends; a partitioned table is not notified of its partitions' writes
         self._quiet.watch(table_config.table, None if found.partitioned else found.qualified)
+        (self._partitioned.add if found.partitioned else self._partitioned.discard)(info.table)
         return info
+
+    def _ordinary(self, info: TableInfo) -> bool:
+        """Whether reads take ``ONLY`` the table's own rows (``pg_reads.source_relation``)."""
+        return info.table not in self._partitioned
 
     async def _forget_shape(self, info: TableInfo) -> None:
         """A table described again: its queries composed for what it was go, and,
@@ -187,13 +193,17 @@ class PostgresSource:
         """The first page: in one statement when the read may fit one, else in a transaction."""
         whole = None
         if upto is None and after is None and info.table not in self._paged:
-            whole = await pg_reads.whole_read(conn, self._schema, info, since, limit, self._whole_reads)
+            whole = await pg_reads.whole_read(
+                conn, self._schema, info, since, limit, self._whole_reads, ordinary=self._ordinary(info)
+            )
         if whole is not None:
             page, complete = whole
             if complete and not page.rows:
                 self._quiet.settle(info.table, start, page.next_version)
             return page, None
-        page, held = await pg_reads.first_page(conn, self._schema, info, since, limit, upto, after)
+        page, held = await pg_reads.first_page(
+            conn, self._schema, info, since, limit, upto, after, ordinary=self._ordinary(info)
+        )
         (self._paged.add if page.more else self._paged.discard)(info.table)
         return page, held
 
@@ -214,10 +224,11 @@ class PostgresSource:
             async with self._sessions.guard(f"snapshot {info.table}", info.table), conn.transaction():
                 await pg_reads.lock_source(conn, info)
                 version = await pg_reads.snapshot_version(conn, self._schema, info)
-                total = await pg_reads.estimated_rows(conn, info)
+                ordinary = self._ordinary(info)
+                total = await pg_reads.estimated_rows(conn, info, ordinary=ordinary)
                 last: tuple[Any, ...] | None = None
                 while True:
-                    records = await pg_reads.snapshot_records(conn, info, last, page_size)
+                    records = await pg_reads.snapshot_records(conn, info, last, page_size, ordinary=ordinary)
                     if records or last is None:
                         rows = [dict(zip(info.column_names, r, strict=True)) for r in records]
                         yield SnapshotPage(version, rows, total)
