@@ -3,14 +3,19 @@ degraded table's failures are logged and exported (``cdc.table_health``)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 
 import pytest
 
+from cdc.config import TableConfig, parse_config
+from cdc.describer import Describer
 from cdc.errors import SchemaError, SourceUnavailable
 from cdc.metrics import Metrics
 from cdc.shapes import shape_change
 from cdc.sources.base import Column, TableInfo
+from cdc.sources.memory import MemorySource
 from cdc.table_health import REPEAT_LOG, TableHealth
 
 
@@ -78,3 +83,46 @@ def test_a_repeated_failure_is_logged_again_only_after_a_while(caplog: pytest.Lo
         ("WARNING", "PostgreSQL: gone"),
         ("WARNING", "PostgreSQL: gone"),
     ]
+
+
+def shape_of_0_1(described: TableInfo, table_config: TableConfig) -> str:
+    """The stored shape as cdc-sync 0.1 computed it (before key values were percent-encoded)."""
+    parts = [
+        described.fingerprint,
+        described.identity,
+        [(c.name, c.type_name) for c in described.columns],
+        described.primary_key,
+        table_config.section,
+        table_config.partition.source,
+        None if table_config.key is None else table_config.key.source,
+    ]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("key", "template", "partition", "snapshotted"),
+    [
+        (("id",), None, "p", False),
+        (("id",), "row-{id}", "p", False),
+        (("a", "b"), None, "p", True),  # the default key joins them: {a}:{b}
+        (("a", "b"), "{a}", "{b}", False),
+        (("a", "b"), "{a}:{b}", "p", True),
+        (("a", "b"), "{b}", "{a}-{b}", True),
+    ],
+)
+def test_an_upgrade_snapshots_the_tables_whose_keys_are_now_percent_encoded(
+    key: tuple[str, ...], template: str | None, partition: str, snapshotted: bool
+) -> None:
+    """A key or partition of several columns renders ':' and '%' in values
+    percent-encoded since 0.2: documents a 0.1 sidecar wrote under 'x:y:z' would
+    stay beside the new 'x%3Ay:z' unless the table is snapshotted once (its
+    sweep removes them). The stored shape differs for exactly those tables."""
+    lines = f"  - table: s.t\n    partition: '{partition}'\n"
+    if template is not None:
+        lines += f"    key: '{template}'\n"
+    text = f"source:\n  kind: postgres\n  dsn: x\nredis:\n  url: redis://localhost\ntables:\n{lines}"
+    table_config = parse_config(text, "sidecar.yaml", {}).tables[0]
+    described = info(("id", "int"), ("a", "text"), ("b", "text"), key=key)
+    describer = Describer(table_config, MemorySource(), max_row_bytes=1 << 20)
+    describer.info = described
+    assert (describer.shape != shape_of_0_1(described, table_config)) is snapshotted
