@@ -232,7 +232,7 @@ class Balancer:
         """Persist the checkpoint of what was applied (after the applier's flush)."""
         for tracker in self.owned():
             try:
-                await tracker.flush()
+                await tracker.checkpoints.flush()  # everything applied so far
             except CdcError as exc:
                 log.error("could not persist checkpoint", extra={"table": tracker.table, "error": str(exc)})
 

@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 from tenacity import AsyncRetrying, RetryCallState
 
@@ -116,6 +117,7 @@ class ChangeTracker:
         self._describe_request: str | None = "not described yet"
         self._shape_checked = False  # the stored shape compared with the described one
         self._snapshot_request: str | None = None
+        self._expired = 0  # TrackingExpired in a row, no step succeeding in between
         self.stop_event: asyncio.Event = _StopEvent(self.wake)
 
     @property
@@ -177,11 +179,15 @@ class ChangeTracker:
             try:
                 caught_up: bool | None = await retrying(self._step, stop)
             except TrackingExpired as exc:
+                self._expired += 1
                 log.warning("re-snapshotting", extra={"table": self.table, "reason": exc.reason})
                 self.position = None
+                self._snapshot_request = self._snapshot_request or f"change tracking expired: {exc.reason}"
+                await _pause_after_expiries(self._expired, stop)
                 continue
             if caught_up is None:  # stopped while retrying
                 break
+            self._expired = 0
             self.health.recovered()
             if caught_up:
                 self.caught_up.set()
@@ -301,10 +307,6 @@ class ChangeTracker:
 
     # -- checkpoints -----------------------------------------------------------
 
-    async def flush(self) -> None:
-        """Persist the checkpoint of everything applied so far (shutdown)."""
-        await self.checkpoints.flush()
-
     def refresh_metrics(self) -> None:
         self.checkpoints.update_lag()
         self._backoff_step.set(self.backoff.step)
@@ -327,6 +329,18 @@ class ChangeTracker:
         self._describe_request = self._describe_request or "a step failed"
         self.line.forget_reads()
         self.position = self.applied
+
+
+async def _pause_after_expiries(in_a_row: int, stop: asyncio.Event) -> None:
+    """Expired again before any step succeeded (a snapshot whose version a
+    cleanup or a TRUNCATE passed at once): wait ``BROKEN_WAIT``, as for a
+    broken table, rather than snapshot the table again and again at once."""
+    if in_a_row < 2:
+        return
+    attempt = RetryCallState(cast(Any, None), None, (), {})  # what a wait reads: attempt_number
+    attempt.attempt_number = in_a_row - 1
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), BROKEN_WAIT(attempt))
 
 
 def _retrying(

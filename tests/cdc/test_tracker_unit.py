@@ -8,16 +8,19 @@ as when another sidecar took the table over)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
 from tenacity import RetryCallState
 
+from cdc import tracker as tracker_module
 from cdc.batching import AutoBatchWorker
 from cdc.config import RedisConfig, TableConfig
-from cdc.errors import LeaseLost
+from cdc.errors import LeaseLost, TrackingExpired
 from cdc.metrics import Metrics
+from cdc.sources.base import ChangePage, TableInfo
 from cdc.sources.memory import MemorySource
 from cdc.templates import Template
 from cdc.tracker import MAX_RETRY_DELAY, RETRY_WAIT, ChangeTracker
@@ -153,18 +156,18 @@ async def test_checkpoint_never_passes_an_unfinished_read(rig: Rig) -> None:
 
     assert await tracker.poll() is True
     assert await tracker.poll() is False  # a later, empty read: it must wait its turn too
-    await tracker.flush()
+    await tracker.checkpoints.flush()
 
     assert (tracker.applied, await rig.checkpoint()) == (before, before)
     rig.applier.open.set()
     await wait_for(lambda: _applied(tracker), 5, "the reads applied")
-    await tracker.flush()
+    await tracker.checkpoints.flush()
     assert await rig.checkpoint() == await rig.source.current_version()
     assert set(await rig.documents()) == {"1", "2"}
 
 
 async def _applied(tracker: ChangeTracker) -> bool:
-    await tracker.flush()  # advances over what finished meanwhile
+    await tracker.checkpoints.flush()  # advances over what finished meanwhile
     return tracker.applied == tracker.position
 
 
@@ -301,3 +304,46 @@ def _has_document(rig: Rig, key: str) -> Any:
         return key in await rig.documents()
 
     return check
+
+
+class ExpiringSource(MemorySource):
+    """A memory source whose next ``expiring`` reads of changes find their
+    checkpoint expired: a cleanup or a TRUNCATE passing every snapshot's
+    version at once."""
+
+    expiring = 0
+
+    async def read_changes(self, info: TableInfo, since: int, **kwargs: Any) -> ChangePage:
+        if self.expiring > 0:
+            self.expiring -= 1
+            raise TrackingExpired(info.table, f"{since} is below the minimum valid version (simulated)")
+        return await super().read_changes(info, since, **kwargs)
+
+
+async def test_expiring_again_right_after_a_snapshot_backs_off_and_says_why(
+    rig: Rig, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = ExpiringSource()
+    source.create_table(ITEMS, {"id": "int", "n": "int", "note": "text"}, ["id"])
+    await source.tracking_enable([table_config(ITEMS)])
+    source.insert(ITEMS, row(1))
+    rig.source = source
+    waits: list[int] = []
+
+    def broken_wait(state: RetryCallState) -> float:
+        waits.append(state.attempt_number)
+        return 0.01
+
+    monkeypatch.setattr(tracker_module, "BROKEN_WAIT", broken_wait)
+    caplog.set_level(logging.INFO, logger="cdc.tracker")
+    tracker = await rig.tracker()
+    await tracker.run(once=True)  # the first snapshot: no checkpoint yet
+    source.expiring = 3
+    await tracker.start()
+    await tracker.run(once=True)
+
+    assert waits == [1, 2], "the first expiry snapshots at once; each one after it waits longer"
+    snapshots = [getattr(r, "reason", "") for r in caplog.records if r.getMessage() == "snapshot starting"]
+    assert snapshots[0] == "no checkpoint yet"
+    assert len(snapshots) == 4 and all(s.startswith("change tracking expired: ") for s in snapshots[1:])
+    assert set(await rig.documents()) == {"1"}
