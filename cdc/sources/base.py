@@ -14,8 +14,11 @@ The semantics are those of DESIGN.md §2. In short:
   ``after=page.cursor`` while ``page.more``; only once a read is complete may
   ``next_version`` become the checkpoint.
 - ``snapshot(table)`` pages through the whole table (keyset on the primary
-  key) in one consistent read, every page carrying the version it is
-  consistent with.
+  key), every page carrying the version ``v`` read before any row: every
+  change committed at or below ``v`` is in the rows, and a read of changes
+  from ``v`` brings what changed while the snapshot ran (PostgreSQL reads it
+  in one consistent view; SQL Server in resumable chunks, so later rows may
+  be newer than ``v``: DESIGN.md §2).
 - ``since`` below the table's minimum valid version, or a source whose
   current version is below ``since`` (restore, failover), raises
   ``TrackingExpired``.
@@ -137,7 +140,7 @@ class ChangePage:
 
 @dataclass(frozen=True)
 class SnapshotPage:
-    version: int  # every row is consistent with this version
+    version: int  # every change at or below it is in the rows (see the module docstring)
     rows: list[dict[str, Any]]  # published column -> value, primary key included
     total: int | None = None  # estimated rows in the table, for progress
 
