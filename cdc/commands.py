@@ -404,13 +404,24 @@ async def subscribe(config: Config, partition: str, section: str | None, from_se
         subscriber = Subscriber(
             manager.client, config.redis.namespace, partition, section, from_seq, on_reload=_reloaded
         )
-        async for message in subscriber:
-            _print(orjson.dumps(message).decode())
+        async for entry in subscriber.entries():
+            _print_text(entry.text)
     except (KeyboardInterrupt, asyncio.CancelledError):
         pass
     finally:
         await manager.close()
     return 0
+
+
+def _print_text(text: bytes) -> None:
+    """A message as the stream holds it, byte for byte: decoding and encoding
+    again would change it (a float64 rounds 3.141592653589793238462643383279)."""
+    out = getattr(sys.stdout, "buffer", None)  # None: a caller's text stream in place of stdout
+    if out is None:
+        _print(text.decode("utf-8", "surrogateescape"))
+        return
+    out.write(text + b"\n")
+    out.flush()
 
 
 def _reloaded(seq: int) -> None:

@@ -10,9 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
-import orjson
-
-from publishers import redis_calls, scripts
+from publishers import exact_json, redis_calls, scripts
 from publishers.connection import RedisClient
 from publishers.layout import Layout
 
@@ -86,10 +84,11 @@ class Documents:
 
 
 def decode_document(raw: Mapping[Any, Any] | None) -> dict[str, Any] | None:
-    """Column values of a stored hash, JSON-decoded; None for none or a tombstone."""
+    """Column values of a stored hash, JSON-decoded exactly (``exact_json.loads``);
+    None for none or a tombstone."""
     if not raw:
         return None
     fields = {redis_calls.text(k): v for k, v in raw.items()}
     if "@del" in fields:
         return None
-    return {name: orjson.loads(value) for name, value in fields.items() if not name.startswith("@")}
+    return {name: exact_json.loads(value) for name, value in fields.items() if not name.startswith("@")}

@@ -4,6 +4,10 @@ The apply script writes the message by splicing JSON text; this module is the
 reading side: decoding a stream entry, applying its patch to a document, and
 the JSON Schema (``schemas/change-message.schema.json``) that tests validate
 every published message against.
+
+Reading keeps every value the message holds (``exact_json``): integers of any
+size, non-integers beyond a float64 as ``Decimal``, any depth of nesting; and
+the patch applies at any depth (``patching``).
 """
 
 from __future__ import annotations
@@ -14,9 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import jsonpatch
-import orjson
-
+from publishers import exact_json, patching
 from publishers.errors import CdcError
 
 Message = dict[str, Any]
@@ -24,19 +26,22 @@ Document = dict[str, Any]
 
 
 def decode_message(raw: bytes | str) -> Message:
-    """A message from its JSON text (bigints stay exact Python ints)."""
-    message: Message = orjson.loads(raw)
+    """A message from its JSON text, every value exact (``exact_json.loads``:
+    integers stay ints; a non-integer is a float when the float is that
+    number, else a Decimal; any depth)."""
+    message: Message = exact_json.loads(raw)
     return message
 
 
 def apply_patch(document: Document | None, patch: list[dict[str, Any]]) -> Document | None:
-    """``document`` after ``patch`` (RFC 6902); ``None`` stands for no document.
+    """``document`` after ``patch`` (RFC 6902), changed in place; ``None`` stands
+    for no document. The patch's values are copied, never shared.
 
-    Raises ``jsonpatch.JsonPatchException`` / ``jsonpointer.JsonPointerException``
-    when the patch does not fit the document, which means the replica missed
-    something and must be reloaded.
+    Raises ``jsonpatch.JsonPatchException`` (``JsonPatchConflict``) when the
+    patch does not fit the document, which means the replica missed something
+    and must be reloaded.
     """
-    result: Document | None = jsonpatch.apply_patch(document, patch, in_place=True)
+    result: Document | None = patching.apply_patch(document, patch)
     return result
 
 

@@ -7,7 +7,7 @@ How it stays exact (DESIGN.md §5):
    documents of its sections (index + hashes) atomically, so the replica is
    exactly the state at that seq.
 2. *Follow*: ``XREAD BLOCK`` from ``<seq>-0`` (stream ids are ``<seq>-0``);
-   each message's patch is applied to the replica with jsonpatch.
+   each message's patch is applied to the replica (``publishers.patching``).
 3. *Gaps*: a message whose seq is not the previous one + 1 means entries are
    missing from what was read; they are fetched with ``XRANGE``. When they are
    gone (the subscriber fell off the stream's trimmed end), or a patch does not
@@ -25,37 +25,48 @@ How it stays exact (DESIGN.md §5):
 ``from_seq`` replays history first: messages from that seq on are yielded,
 and only those newer than the loaded state are applied to the replica.
 ``async for message in subscriber`` yields messages as dicts (those of
-``section`` only, when one is given); ``subscriber.replica`` is
-``{section: {key: document}}``. ``BlockingSubscriber`` wraps it for scripts.
+``section`` only, when one is given); ``subscriber.entries()`` yields them as
+``Entry`` (seq, the stream entry's JSON text as stored, and the dict);
+``subscriber.replica`` is ``{section: {key: document}}``. ``BlockingSubscriber``
+wraps it for scripts.
+
+Values are read exactly (``publishers.exact_json``): integers of any size,
+non-integers a float64 cannot hold as ``Decimal``, any depth of nesting.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from jsonpatch import JsonPatchException
 from jsonpointer import JsonPointerException
 from tenacity import AsyncRetrying, retry_if_exception_type
 
-from publishers import connection, redis_calls, scripts
+from publishers import connection, exact_json, redis_calls
 from publishers.connection import RedisClient
-from publishers.documents import decode_document
 from publishers.errors import CdcError, TransientError
 from publishers.layout import Layout
-from publishers.messages import Document, Message, apply_patch, decode_message, stream_seq
+from publishers.messages import Message, apply_patch, decode_message, stream_seq
+from publishers.replica_load import PartitionLoad, Replica
 from publishers.retrying import equal_jitter
 from publishers.settings import RedisConfig
 
-Replica = dict[str, dict[str, Document]]
-
 RETRY_WAIT = equal_jitter(0.1, 2.0)  # between attempts while Redis is unavailable: 0.05-0.1 s ... 1-2 s
 
-_SCAN_COUNT = 10_000
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One delivered message: its seq, its JSON text exactly as the stream
+    holds it (UTF-8), and its decoded form."""
+
+    seq: int
+    text: bytes
+    message: Message
 
 
 class _Inconsistent(Exception):
@@ -133,19 +144,28 @@ class Subscriber:
     async def messages(self) -> AsyncIterator[Message]:
         """Every message from the start position on, forever, across Redis
         outages (transient errors are retried with a capped, jittered backoff)."""
+        async for entry in self.entries():
+            yield entry.message
+
+    async def entries(self) -> AsyncIterator[Entry]:
+        """``messages()`` as ``Entry``: with each message's text as stored."""
         while True:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type(TransientError), wait=RETRY_WAIT
             ):
                 with attempt:
-                    batch = await self.poll()
-            for message in batch:
-                yield message
+                    batch = await self.poll_entries()
+            for entry in batch:
+                yield entry
 
     async def poll(self, block: float | None = None) -> list[Message]:
         """Read what the stream has after the position (waiting up to
         ``block`` seconds for something), update the replica, and return the
         messages to deliver."""
+        return [entry.message for entry in await self.poll_entries(block)]
+
+    async def poll_entries(self, block: float | None = None) -> list[Entry]:
+        """``poll()`` as ``Entry``: with each message's text as stored."""
         await self.start()
         block_ms = self.block_ms if block is None else max(1, round(block * 1000))
         reply = await self._redis(
@@ -173,10 +193,10 @@ class Subscriber:
 
     # -- following ---------------------------------------------------------
 
-    async def _take_all(self, entries: list[tuple[int, bytes]]) -> list[Message]:
+    async def _take_all(self, entries: list[tuple[int, bytes]]) -> list[Entry]:
         """Take entries in seq order, filling gaps; when a gap cannot be filled,
         reload and deliver what was taken before it."""
-        out: list[Message] = []
+        out: list[Entry] = []
         try:
             for seq, raw in entries:
                 if seq <= self.position:
@@ -204,7 +224,7 @@ class Subscriber:
             raise _Inconsistent(f"stream entries {first}..{last} are gone")
         return entries
 
-    async def _take(self, seq: int, raw: bytes) -> list[Message]:
+    async def _take(self, seq: int, raw: bytes) -> list[Entry]:
         """Apply one message (if newer than the replica) and say whether to deliver it."""
         message = decode_message(raw)
         self.position, self._last = seq, raw
@@ -213,15 +233,16 @@ class Subscriber:
             self.seq = seq
             if self.section is None or section == self.section:
                 try:
-                    self._apply(message["section"], message["key"], decode_message(raw)["patch"])
+                    self._apply(message["section"], message["key"], message["patch"])
                 except (JsonPatchException, JsonPointerException):
                     await self._reload(fell_off=False)
         wanted = self.section is None or section == self.section
-        return [message] if wanted and (self.from_seq is None or seq >= self.from_seq) else []
+        delivered = wanted and (self.from_seq is None or seq >= self.from_seq)
+        return [Entry(seq, raw, message)] if delivered else []
 
     def _apply(self, section: str, key: str, patch: list[dict[str, Any]]) -> None:
-        """Patch one replica document (with its own decoded copy of the patch,
-        so that the message handed out never shares objects with the replica)."""
+        """Patch one replica document (``apply_patch`` copies the patch's values,
+        so the message handed out never shares objects with the replica)."""
         docs = self.replica.setdefault(section, {})
         document = apply_patch(docs.get(key), patch)
         if document is None:
@@ -256,53 +277,10 @@ class Subscriber:
             self.on_reload(self.seq)
 
     async def _load(self) -> None:
-        """Seq and documents in one atomic read. Without a fixed section list
-        the sections are those whose ``ns:@partitions:section`` names this
-        partition; that set only grows and is written before any document, so
-        when it is the same after the load, no section was missed."""
-        sections = self._fixed_sections or await self._sections()
-        for _ in range(10):
-            seq, last, replica = await self._load_sections(sections)
-            if self._fixed_sections:
-                break
-            latest = await self._sections()
-            if set(latest) <= set(sections):
-                break
-            sections = latest
-        self.seq, self.replica, self._last = seq, replica, last
-
-    async def _load_sections(self, sections: Sequence[str]) -> tuple[int, bytes | None, Replica]:
-        p = self.partition
-        keys = [self.layout.seq(p), self._stream, *(self.layout.index(p, s) for s in sections)]
-        args = [self.layout.document_prefix(p, s) for s in sections]
+        """Seq and documents in one atomic read (``replica_load``)."""
         url = self._config.url if self._config else ""
-        reply = await self._redis(scripts.run(self.client, scripts.LOAD_PARTITION, keys, args, url))
-        replica: Replica = {}
-        for section, flat in zip(sections, reply[2:], strict=True):
-            docs = replica.setdefault(section, {})
-            for i in range(0, len(flat), 2):
-                document = decode_document(_pairs(flat[i + 1]))
-                if document is not None:
-                    docs[redis_calls.text(flat[i])] = document
-        last = reply[1]
-        return (
-            int(reply[0]),
-            (last if isinstance(last, bytes) or last is None else str(last).encode()),
-            replica,
-        )
-
-    async def _sections(self) -> list[str]:
-        """Sections that have written this partition."""
-        pattern = self.layout.partitions_pattern()
-        keys = await self._redis(_scan(self.client, pattern))
-        if not keys:
-            return []
-        pipe = self.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.sismember(key, self.partition)
-        members = await self._redis(pipe.execute())
-        prefix_len = len(pattern) - 1
-        return sorted(key[prefix_len:] for key, member in zip(keys, members, strict=True) if member)
+        load = PartitionLoad(self.client, self.layout, self.partition, self._redis, url)
+        self.seq, self._last, self.replica = await load.load(self._fixed_sections)
 
     async def _redis(self, awaitable: Any, grace: float = redis_calls.SOCKET_TIMEOUT) -> Any:
         """Await a command (never abandoned half-way), mapping its errors."""
@@ -382,7 +360,8 @@ class BlockingSubscriber:
         """A copy of the replica, taken on the subscriber's loop."""
 
         async def snapshot() -> Replica:
-            return copy.deepcopy(self.subscriber.replica)
+            copied: Replica = exact_json.copy(self.subscriber.replica)  # deepcopy recurses
+            return copied
 
         return asyncio.run_coroutine_threadsafe(snapshot(), self._loop).result()
 
@@ -407,15 +386,6 @@ def _entries(reply: Any) -> list[tuple[int, bytes]]:
     return [(stream_seq(entry_id), _field(fields)) for entry_id, fields in items]
 
 
-async def _scan(client: RedisClient, pattern: str) -> list[str]:
-    """Every key matching ``pattern`` (SCAN, page by page)."""
-    return [redis_calls.text(k) async for k in client.scan_iter(match=pattern, count=_SCAN_COUNT)]
-
-
 def _field(fields: Any) -> bytes:
     value = fields.get(b"m") if b"m" in fields else fields.get("m")
     return value if isinstance(value, bytes) else str(value).encode()
-
-
-def _pairs(flat: Any) -> dict[Any, Any]:
-    return dict(zip(flat[::2], flat[1::2], strict=True)) if isinstance(flat, list) else dict(flat)

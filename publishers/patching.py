@@ -1,0 +1,151 @@
+"""RFC 6902 JSON Patch, applied without recursion.
+
+The ``jsonpatch`` package (1.47) deep-copies each operation's value with
+``copy.deepcopy``, which recurses: a value nested about 500 levels deep
+raises ``RecursionError`` (measured), while the mirror holds JSON columns as
+deep as the database accepts (more than 13,000 levels on PostgreSQL 15). Here
+JSON Pointers (RFC 6901) are walked in a loop and values are copied with
+``exact_json.copy``, so any depth applies.
+
+Every operation of RFC 6902 §4 is implemented: the product emits ``replace``
+(of the root or of a column), ``add`` and ``remove`` of a column; ``move``,
+``copy`` and ``test`` are there for patches from elsewhere. A patch that does
+not fit the document raises ``jsonpatch.JsonPatchConflict`` (a
+``JsonPatchException``), a failed ``test`` ``JsonPatchTestFailed``, a malformed
+operation ``InvalidJsonPatch``: the exceptions ``jsonpatch`` raises, so code
+written against it keeps working.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jsonpatch import InvalidJsonPatch, JsonPatchConflict, JsonPatchTestFailed
+
+from publishers import exact_json
+
+Container = dict[str, Any] | list[Any]
+
+
+def apply_patch(document: Any, patch: list[dict[str, Any]]) -> Any:
+    """``document`` after ``patch``; containers are changed in place, and the
+    result is returned (a root ``replace`` returns a new value). Values are
+    copied out of the patch, so the result never shares objects with it."""
+    for operation in patch:
+        document = apply_operation(document, operation)
+    return document
+
+
+def apply_operation(document: Any, operation: dict[str, Any]) -> Any:
+    op = _member(operation, "op")
+    path = _pointer(_member(operation, "path"), operation)
+    if op == "add":
+        return _add(document, path, exact_json.copy(_member(operation, "value")), operation)
+    if op == "remove":
+        _remove(document, path, operation)
+        return document
+    if op == "replace":
+        return _replace(document, path, exact_json.copy(_member(operation, "value")), operation)
+    if op == "test":
+        if not exact_json.equal(_get(document, path, operation), _member(operation, "value")):
+            raise JsonPatchTestFailed(f"test failed: {_member(operation, 'path')!r} differs", op=operation)
+        return document
+    if op in ("move", "copy"):
+        source = _pointer(_member(operation, "from"), operation)
+        if op == "copy":
+            return _add(document, path, exact_json.copy(_get(document, source, operation)), operation)
+        if path[: len(source)] == source and len(path) > len(source):
+            raise JsonPatchConflict("cannot move a value into one of its own members", op=operation)
+        value = _get(document, source, operation)
+        _remove(document, source, operation)
+        return _add(document, path, value, operation)
+    raise InvalidJsonPatch(f"unknown operation {op!r}", op=operation)
+
+
+def _member(operation: dict[str, Any], name: str) -> Any:
+    if not isinstance(operation, dict) or name not in operation:
+        raise InvalidJsonPatch(f"the operation has no {name!r} member: {operation!r}"[:200], op=operation)
+    return operation[name]
+
+
+def _pointer(text: Any, operation: dict[str, Any]) -> list[str]:
+    """The reference tokens of a JSON Pointer (RFC 6901 §3-4)."""
+    if not isinstance(text, str) or (text and not text.startswith("/")):
+        raise InvalidJsonPatch(f"{text!r} is not a JSON Pointer", op=operation)
+    if not text:
+        return []
+    return [token.replace("~1", "/").replace("~0", "~") for token in text[1:].split("/")]
+
+
+def _get(document: Any, path: list[str], operation: dict[str, Any]) -> Any:
+    value = document
+    for token in path:
+        value = _child(value, token, operation)
+    return value
+
+
+def _parent(document: Any, path: list[str], operation: dict[str, Any]) -> Container:
+    parent = _get(document, path[:-1], operation)
+    if not isinstance(parent, dict | list):
+        raise JsonPatchConflict(f"{_text(path[:-1])!r} is not an object or an array", op=operation)
+    return parent
+
+
+def _child(value: Any, token: str, operation: dict[str, Any]) -> Any:
+    if isinstance(value, dict):
+        if token not in value:
+            raise JsonPatchConflict(f"no member {token!r}", op=operation)
+        return value[token]
+    if isinstance(value, list):
+        return value[_index(value, token, operation, end=len(value) - 1)]
+    raise JsonPatchConflict(f"cannot look up {token!r} in a {type(value).__name__}", op=operation)
+
+
+def _index(array: list[Any], token: str, operation: dict[str, Any], *, end: int) -> int:
+    """An array index (RFC 6901 §4: digits without a leading zero), at most ``end``."""
+    if token == "-" and end == len(array):
+        return end
+    if not token.isascii() or not token.isdigit() or (token.startswith("0") and token != "0"):
+        raise JsonPatchConflict(f"{token!r} is not an index of an array", op=operation)
+    index = int(token)
+    if index > end:
+        raise JsonPatchConflict(f"index {index} is beyond the array's {len(array)} items", op=operation)
+    return index
+
+
+def _add(document: Any, path: list[str], value: Any, operation: dict[str, Any]) -> Any:
+    if not path:
+        return value
+    parent = _parent(document, path, operation)
+    if isinstance(parent, dict):
+        parent[path[-1]] = value
+    else:
+        parent.insert(_index(parent, path[-1], operation, end=len(parent)), value)
+    return document
+
+
+def _remove(document: Any, path: list[str], operation: dict[str, Any]) -> None:
+    if not path:
+        raise JsonPatchConflict("cannot remove the whole document", op=operation)
+    parent = _parent(document, path, operation)
+    _child(parent, path[-1], operation)  # it must exist
+    if isinstance(parent, dict):
+        del parent[path[-1]]
+    else:
+        del parent[int(path[-1])]
+
+
+def _replace(document: Any, path: list[str], value: Any, operation: dict[str, Any]) -> Any:
+    if not path:
+        return value
+    parent = _parent(document, path, operation)
+    _child(parent, path[-1], operation)  # it must exist
+    if isinstance(parent, dict):
+        parent[path[-1]] = value
+    else:
+        parent[int(path[-1])] = value
+    return document
+
+
+def _text(path: list[str]) -> str:
+    return "".join("/" + token.replace("~", "~0").replace("/", "~1") for token in path)

@@ -1,0 +1,139 @@
+"""publishers.exact_json without servers: every number exact, any depth, the
+same value whichever of its three paths reads a text, and the values a
+float64 would round kept as Decimal."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from publishers import exact_json
+from publishers.exact_json import _exact, _iterative, at_risk, loads
+
+PI = "3.141592653589793238462643383279"
+PG_MAX_DEPTH = 13_099  # objects PostgreSQL 15 accepts at its default max_stack_depth (2MB), measured
+
+
+def paths(text: str) -> list[Any]:
+    """What each path reads ``text`` as: loads (whichever it picks), json.loads
+    with the hooks, and the iterative parser."""
+    return [loads(text), _exact(text), _iterative(text)]
+
+
+def same(values: list[Any]) -> bool:
+    """Equal, and of the same types (1.5 == Decimal("1.5"), but not for a reader)."""
+    return len({exact_json.dumps(v) + repr(type(v)) for v in values}) == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (PI, Decimal(PI)),
+        ("12345678901234567.89", Decimal("12345678901234567.89")),
+        ("1e400", Decimal("1e400")),
+        ("-1E+400", Decimal("-1e400")),
+        ("1e-400", Decimal("1e-400")),
+        ("0." + "0" * 400 + "1", Decimal("1e-401")),
+        (str(2**53 + 1), 2**53 + 1),
+        (str(2**64), 2**64),  # orjson reads it as a float
+        (str(-(2**63) - 1), -(2**63) - 1),
+        ("1" * 5000, Decimal("1" * 5000)),  # int(str) refuses over 4300 digits
+        ("1.5", 1.5),
+        ("0.1", 0.1),  # the float whose shortest spelling is 0.1: what every reader gives
+        ("1e-05", 1e-05),
+        ("5e-324", 5e-324),
+        ("-0.0", -0.0),
+    ],
+)
+def test_every_number_keeps_its_value_on_every_path(text: str, expected: Any) -> None:
+    for document in (text, f'{{"v": {text}}}', f"[[{text}]]"):
+        found = paths(document)
+        assert same(found), found
+    value = loads(text)
+    assert type(value) is type(expected) and value == expected
+    assert Decimal(exact_json.dumps(value)) == Decimal(text)
+
+
+# Numbers as a database may write them: any digits, a fraction, an exponent.
+numbers = st.builds(
+    lambda sign, whole, fraction, exponent: sign + whole + fraction + exponent,
+    st.sampled_from(["", "-"]),
+    st.from_regex(r"0|[1-9][0-9]{0,40}", fullmatch=True),
+    st.sampled_from([""]) | st.from_regex(r"\.[0-9]{1,40}", fullmatch=True),
+    st.sampled_from([""]) | st.from_regex(r"[eE][-+]?[0-9]{1,4}", fullmatch=True),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(numbers)
+def test_any_number_is_read_exactly_and_alike_on_every_path(text: str) -> None:
+    found = paths(f"[{text}]")
+    assert same(found), found
+    [value] = found[0]
+    if isinstance(value, float):  # only when the float's shortest spelling is the same number
+        assert Decimal(repr(value)) == Decimal(text)
+    else:
+        assert Decimal(value) == Decimal(text)
+
+
+@settings(max_examples=400, deadline=None)
+@given(numbers)
+def test_a_number_orjson_would_get_wrong_is_never_left_to_it(text: str) -> None:
+    if at_risk(f'{{"v": {text}}}'.encode()):
+        return
+    read = orjson.loads(text)
+    assert Decimal(repr(read) if isinstance(read, float) else read) == Decimal(text)
+    assert same([read, loads(text)])
+
+
+def test_texts_without_numbers_at_risk_take_the_fast_path() -> None:
+    """UUIDs (hex digits, 'e' before digits), timestamps and bigints within 64 bits."""
+    message = (
+        b'{"seq":1,"key":"3fa85e123-5717-4562-b3fc-2c963f66afa6","big":1152921504606846976,'
+        b'"neg":-9223372036854775808,"ts":"2026-11-21T23:00:00.123456+00:00","f":0.125,"g":1.5e-7}'
+    )
+    assert not at_risk(message)
+    assert at_risk(b'{"v":1e400}') and at_risk(b'{"v":[-2e-308]}') and at_risk(b'{"v":12345678.901234567}')
+    assert at_risk(b'{"v":-9223372036854775809}') and at_risk(b'{"v":18446744073709551616}')
+
+
+@pytest.mark.parametrize("depth", [300, 1000, 1025, 5000, PG_MAX_DEPTH])
+def test_nesting_as_deep_as_postgresql_accepts(depth: int) -> None:
+    text = '{"a": ' * depth + f"[{PI}]" + "}" * depth
+    value = loads(text)
+    for _ in range(depth):
+        value = value["a"]
+    assert value == [Decimal(PI)]
+    assert exact_json.dumps(loads(text)) == text.replace(" ", "")
+    copied = exact_json.copy(loads(text))
+    assert exact_json.equal(copied, loads(text))
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "[1,]", '{"a" 1}', "[1 2]", "[", '{"a":1}x', "NaN", "[Infinity]", "{,}", "[01]", "[" * 3000 + "1,]"],
+)
+def test_invalid_json_is_a_decode_error_on_every_path(text: str) -> None:
+    for read in (loads, _exact, _iterative):
+        with pytest.raises(json.JSONDecodeError):
+            read(text)
+
+
+def test_strings_and_escapes_are_read_as_json_reads_them() -> None:
+    text = r'{"k\"ey": ["\u00e9t\u00e9", "\ud83d\ude00", "tab\there", "", "1e400"]}'
+    assert _iterative(text) == json.loads(text) == loads(text)
+    assert _iterative("[" * 2000 + '"\\u00e9"' + "]" * 2000) is not None
+
+
+def test_equal_compares_numbers_by_value_but_not_booleans() -> None:
+    assert exact_json.equal({"a": [1, 1.5]}, {"a": [Decimal("1.0"), Decimal("1.50")]})
+    assert not exact_json.equal([True], [1])
+    assert not exact_json.equal({"a": 1}, {"b": 1})
+    assert not exact_json.equal([1, 2], [1])
+    assert not exact_json.equal({"a": []}, {"a": {}})
