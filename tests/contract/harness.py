@@ -14,6 +14,12 @@ To add a source: subclass ``SourceHarness`` and ``Writer``, and register a
 factory in ``HARNESSES`` (it receives the pytest request, to reach the fixtures
 it needs, and skips the test where its server is missing). The helpers at the
 end (``read_all``, ``Replica``) are dialect-free.
+
+Key types (``test_key_types``): the logical types ``timestamp``,
+``timestamptz``, ``uuid``, ``ctext`` and ``cvarchar`` (text under collations
+that are not the database's default, whose order is not the text's code-point
+order) map to each dialect's own (``tests/contract/key_values.py`` has their
+values); a harness that cannot express one skips its tests with the reason.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import psycopg
 import pyodbc
 import pytest
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import TupleRow
 
 from cdc.config import SourceConfig, TableConfig
@@ -40,10 +47,13 @@ from cdc.sources import mssql_sql
 from cdc.sources.base import ChangeRow, ChangeSource, SnapshotPage, TableInfo
 from cdc.sources.memory import MemorySource, MemoryTransaction
 from cdc.sources.mssql import MssqlSource
+from cdc.sources.mssql_dsn import parse_dsn
 from cdc.sources.mssql_types import register_converters
 from cdc.sources.pg_tracking import net_table_name
 from cdc.sources.postgres import PostgresSource
 from cdc.templates import Template
+
+from .key_values import MEMORY_KEYS, MEMORY_NO_COLLATIONS, MSSQL_KEYS, PG_KEYS, KeyValues
 
 Key = tuple[Any, ...]
 T = TypeVar("T")
@@ -155,6 +165,32 @@ class SourceHarness(abc.ABC):
         bound. Immediate where commits are readable at once; where other open
         transactions hold the bound back (PostgreSQL), a wait with a deadline."""
 
+    @abc.abstractmethod
+    async def key_values(self, kind: str) -> KeyValues:
+        """Distinct values of the logical key type ``kind``; skips the test, with
+        the reason, where the dialect (or this server) cannot express it."""
+
+    @abc.abstractmethod
+    async def insert_literal_rows(self, table_config: TableConfig, rows: Sequence[Mapping[str, str]]) -> None:
+        """Insert the rows (SQL expressions of the dialect, the same columns in
+        each) in ONE transaction, so they share a version; then settle."""
+
+    @abc.abstractmethod
+    async def ids_in_key_order(self, table_config: TableConfig, id_column: str) -> list[Any]:
+        """``id_column`` of every committed row, in the order the database sorts
+        the table's primary key (its ORDER BY: collations, uniqueidentifier...)."""
+
+    @abc.abstractmethod
+    async def open_transactions(self) -> int | None:
+        """How many sessions of this harness's sources hold a transaction open on
+        the server now; None where a source has no transaction to hold."""
+
+    @abc.abstractmethod
+    def another_source(self) -> AbstractAsyncContextManager[ChangeSource]:
+        """A second source, connected, on the same database and tracking, holding
+        no read of its own: a read continued there starts afresh from its
+        ``(upto, after)`` cursor, as after a reconnect or a restart."""
+
     @asynccontextmanager
     async def writer(self) -> AsyncIterator[Writer]:
         """A transaction committed at the end of the block (rolled back on error),
@@ -178,7 +214,14 @@ _PG_TYPES = {
     "decimal": "numeric(12,2)",
     "float": "double precision",
     "bool": "boolean",
+    "timestamp": "timestamp(6)",
+    "timestamptz": "timestamptz",
+    "uuid": "uuid",
+    # ICU collations (the test server's database is initdb'ed with --locale=C)
+    "ctext": 'text collate "und-x-icu"',
+    "cvarchar": 'varchar(100) collate "sv-x-icu"',
 }
+_PG_COLLATIONS = {"ctext": "und-x-icu", "cvarchar": "sv-x-icu"}
 
 _PG_CASES = (
     TypeCase("c_smallint", "smallint", "-32768", b"-32768"),
@@ -293,8 +336,14 @@ class PostgresHarness(SourceHarness):
         self.admin = admin  # autocommit, for DDL and reading contents
         self.keys: dict[str, tuple[str, ...]] = {}
         self.writers: list[PostgresWriter] = []  # closed at teardown, should a test fail midway
-        config = SourceConfig(kind="postgres", dsn=dsn, tracking_schema=self.tracking_schema)
-        self.pg_source = PostgresSource(config)
+        # the sources' sessions, told apart in pg_stat_activity from every other test's
+        self.application_name = f"contract-{uuid.uuid4().hex[:10]}"
+        self.source_config = SourceConfig(
+            kind="postgres",
+            dsn=make_conninfo(dsn, application_name=self.application_name),
+            tracking_schema=self.tracking_schema,
+        )
+        self.pg_source = PostgresSource(self.source_config)
         self.source = self.pg_source
 
     @classmethod
@@ -379,6 +428,56 @@ class PostgresHarness(SourceHarness):
     def type_cases(self) -> Sequence[TypeCase]:
         return _PG_CASES
 
+    async def key_values(self, kind: str) -> KeyValues:
+        collation = _PG_COLLATIONS.get(kind)
+        if collation is not None:
+            found = await self.admin.execute("select 1 from pg_collation where collname = %s", [collation])
+            if await found.fetchone() is None:
+                pytest.skip(f"this PostgreSQL has no collation {collation!r} (built without ICU)")
+        return PG_KEYS[kind]
+
+    async def insert_literal_rows(self, table_config: TableConfig, rows: Sequence[Mapping[str, str]]) -> None:
+        columns = list(rows[0])
+        values = [
+            sql.SQL("({})").format(sql.SQL(", ").join(sql.SQL(row[c]) for c in columns)) for row in rows
+        ]
+        await self.admin.execute(
+            sql.SQL("insert into {} ({}) values {}").format(
+                _name(table_config),
+                sql.SQL(", ").join(map(sql.Identifier, columns)),
+                sql.SQL(", ").join(values),
+            )
+        )
+        await self.settle()
+
+    async def ids_in_key_order(self, table_config: TableConfig, id_column: str) -> list[Any]:
+        keys = sql.SQL(", ").join(map(sql.Identifier, self.keys[table_config.name]))
+        query = sql.SQL("select {} from {} order by {}").format(
+            sql.Identifier(id_column), _name(table_config), keys
+        )
+        return [row[0] for row in await (await self.admin.execute(query)).fetchall()]
+
+    async def open_transactions(self) -> int | None:
+        """Sessions of the sources (by their application_name) inside a transaction:
+        pg_stat_activity.xact_start is set from its start to its end, whether a query
+        runs or the session is 'idle in transaction'."""
+        found = await self.admin.execute(
+            "select count(*) from pg_stat_activity where application_name = %s and xact_start is not null",
+            [self.application_name],
+        )
+        row = await found.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    @asynccontextmanager
+    async def another_source(self) -> AsyncIterator[ChangeSource]:
+        source = PostgresSource(self.source_config)
+        await source.connect()
+        try:
+            yield source
+        finally:
+            await source.close()
+
     async def settle(self, timeout: float = 10.0) -> None:
         """Wait until every transaction id assigned so far is below a read's bound
         (autovacuum's analyze, say, can hold the bound for a moment)."""
@@ -402,6 +501,13 @@ _MSSQL_TYPES = {
     "decimal": "decimal(12,2)",
     "float": "float",
     "bool": "bit",
+    "timestamp": "datetime2(7)",
+    "timestamptz": "datetimeoffset(7)",
+    "uuid": "uniqueidentifier",
+    # case- and accent-sensitive; and a varchar of another code page (1251) than the
+    # usual default collation's (SQL_Latin1_General_CP1_CI_AS: 1252)
+    "ctext": "nvarchar(100) COLLATE Latin1_General_CS_AS",
+    "cvarchar": "varchar(100) COLLATE Cyrillic_General_CS_AS",
 }
 
 # What differs from PostgreSQL's cases is SQL Server's own: money and smallmoney
@@ -627,7 +733,13 @@ class MssqlHarness(SourceHarness):
         self.admin = admin  # autocommit, for DDL and reading contents
         self.keys: dict[str, tuple[str, ...]] = {}
         self.writers: list[MssqlWriter] = []  # rolled back at teardown, should a test fail midway
-        self.mssql_source = MssqlSource(SourceConfig(kind="mssql", dsn=dsn))
+        # the sources' sessions, told apart in sys.dm_exec_sessions.program_name (ODBC's APP);
+        # a DSN that names its own APP shares it with the harness's sessions, which hold no
+        # transaction while a test counts them
+        self.program_name = parse_dsn(dsn).get("APP") or f"contract-{uuid.uuid4().hex[:10]}"
+        source_dsn = dsn if "APP" in parse_dsn(dsn) else f"{dsn.rstrip('; ')};APP={self.program_name}"
+        self.source_config = SourceConfig(kind="mssql", dsn=source_dsn)
+        self.mssql_source = MssqlSource(self.source_config)
         self.source = self.mssql_source
 
     @classmethod
@@ -711,9 +823,68 @@ class MssqlHarness(SourceHarness):
     def type_cases(self) -> Sequence[TypeCase]:
         return _MSSQL_CASES
 
+    async def key_values(self, kind: str) -> KeyValues:
+        return MSSQL_KEYS[kind]
+
+    async def insert_literal_rows(self, table_config: TableConfig, rows: Sequence[Mapping[str, str]]) -> None:
+        """One INSERT statement: one transaction, one change-tracking version."""
+        await self.admin.execute(mssql_insert_literal_rows(table_config, rows))
+
+    async def ids_in_key_order(self, table_config: TableConfig, id_column: str) -> list[Any]:
+        statement = mssql_ids_in_key_order(table_config, id_column, self.keys[table_config.name])
+        rows = await self.admin.call(lambda conn: conn.execute(statement).fetchall())
+        return [row[0] for row in rows]
+
+    async def open_transactions(self) -> int | None:
+        """Sessions of the sources (by program_name) with a transaction open, or an
+        active snapshot transaction ("sys.dm_exec_sessions": open_transaction_count;
+        "sys.dm_tran_active_snapshot_database_transactions", learn.microsoft.com;
+        both need VIEW SERVER STATE, or VIEW SERVER PERFORMANCE STATE from 2022)."""
+        try:
+            count = await self.admin.call(
+                lambda conn: conn.execute(MSSQL_OPEN_TRANSACTIONS, self.program_name).fetchone()
+            )
+        except pyodbc.Error as exc:  # 300: "VIEW SERVER STATE permission was denied ..."
+            if "permission was denied" not in str(exc):
+                raise
+            pytest.skip(f"the test login cannot see other sessions' transactions: {exc}")
+        return int(count[0])
+
+    @asynccontextmanager
+    async def another_source(self) -> AsyncIterator[ChangeSource]:
+        source = MssqlSource(self.source_config)
+        await source.connect()
+        try:
+            yield source
+        finally:
+            await source.close()
+
     async def settle(self) -> None:
         """Nothing to wait for: a transaction's version is stamped at commit, so
         CHANGE_TRACKING_CURRENT_VERSION() covers every commit that returned."""
+
+
+MSSQL_OPEN_TRANSACTIONS = (
+    "SELECT COUNT(*) AS sessions FROM sys.dm_exec_sessions AS s WHERE s.program_name = ? "
+    "AND (s.open_transaction_count > 0 OR EXISTS (SELECT 1 FROM sys.dm_tran_active_snapshot_database_transactions "
+    "AS a WHERE a.session_id = s.session_id))"
+)
+
+
+def mssql_insert_literal_rows(table_config: TableConfig, rows: Sequence[Mapping[str, str]]) -> str:
+    """One multi-row INSERT (a table value constructor takes 1000 rows at most:
+    "Table Value Constructor (Transact-SQL)", learn.microsoft.com)."""
+    assert 0 < len(rows) <= 1000
+    columns = list(rows[0])
+    values = ", ".join("(" + ", ".join(row[c] for c in columns) + ")" for row in rows)
+    return (
+        f"INSERT INTO {_tsql_name(table_config)} ({', '.join(map(mssql_sql.quote, columns))}) VALUES {values}"
+    )
+
+
+def mssql_ids_in_key_order(table_config: TableConfig, id_column: str, key: Sequence[str]) -> str:
+    order = ", ".join(map(mssql_sql.quote, key))
+    return f"SELECT {mssql_sql.quote(id_column)} FROM {_tsql_name(table_config)} ORDER BY {order}"
 
 
 def _mssql_database_setup(conn: Any) -> None:
@@ -748,6 +919,9 @@ _MEMORY_TYPES = {
     "decimal": "decimal",
     "float": "float",
     "bool": "bool",
+    "timestamp": "datetime",
+    "timestamptz": "datetime",
+    "uuid": "uuid",
 }
 
 # A literal is a Python expression over these names (the "dialect" of the memory source).
@@ -878,6 +1052,27 @@ class MemoryHarness(SourceHarness):
 
     def type_cases(self) -> Sequence[TypeCase]:
         return _MEMORY_CASES
+
+    async def key_values(self, kind: str) -> KeyValues:
+        if kind not in MEMORY_KEYS:
+            pytest.skip(MEMORY_NO_COLLATIONS)
+        return MEMORY_KEYS[kind]
+
+    async def insert_literal_rows(self, table_config: TableConfig, rows: Sequence[Mapping[str, str]]) -> None:
+        transaction = self.memory.begin()
+        for row in rows:  # this suite's own constants, Python expressions over _MEMORY_NAMES
+            transaction.insert(table_config.table, {c: eval(v, dict(_MEMORY_NAMES)) for c, v in row.items()})
+        transaction.commit()
+
+    async def ids_in_key_order(self, table_config: TableConfig, id_column: str) -> list[Any]:
+        return [row[id_column] for _, row in sorted(self.memory.rows(table_config.table).items())]
+
+    async def open_transactions(self) -> int | None:
+        return None  # nothing to hold: a read is a function call
+
+    @asynccontextmanager
+    async def another_source(self) -> AsyncIterator[ChangeSource]:
+        yield self.memory  # the database itself: it keeps no read between calls
 
     async def settle(self) -> None:
         """Nothing to wait for: a commit that returned is within the current version."""
