@@ -12,9 +12,8 @@ under a collation is not its code-point order (case, accents, Swedish å ä ö
 after z, Cyrillic in a varchar of another code page).
 
 A value is a SQL expression of the dialect (``literals``) and what a source
-reads it as (``read_as``, same position). Where two values read the same (a
-datetime2(7) cut to microseconds), the tests tell the rows apart by another
-key column.
+reads it as (``read_as``, same position). Where two values could read the
+same, the tests tell the rows apart by another key column as well.
 """
 
 from __future__ import annotations
@@ -121,9 +120,11 @@ PG_KEYS = {
     "cvarchar": KeyValues("cvarchar", _quoted(SWEDISH), SWEDISH, not_text_order=True),
 }
 
-# datetime2(7) and datetimeoffset(7) hold 100 ns; the source reads them cut to
-# microseconds (docs/TYPES.md, cdc.sources.mssql_types), so neighbours that
-# differ in the 7th digit read the same.
+# datetime2(7) and datetimeoffset(7) hold 100 ns, and the source reads them as
+# the server's own text, every digit kept (docs/TYPES.md, cdc.sources.mssql_types:
+# no fraction when it is 0, six digits, a seventh only when it is not 0), so
+# neighbours that differ in the 7th digit are distinct keys; a cursor cut to
+# microseconds would repeat or skip them (crowded).
 MSSQL_KEYS = {
     "timestamp": KeyValues(
         "timestamp",
@@ -132,14 +133,16 @@ MSSQL_KEYS = {
             "'2024-02-29T13:45:30.1234567'",
             "'2024-02-29T13:45:30.1234568'",
             "'2024-02-29T13:45:30.1234569'",
+            "'2024-02-29T13:45:30.1234560'",
             "'9999-12-31T23:59:59.9999999'",
         ),
         (
-            dt.datetime(1, 1, 1),
-            dt.datetime(2024, 2, 29, 13, 45, 30, 123456),
-            dt.datetime(2024, 2, 29, 13, 45, 30, 123456),
-            dt.datetime(2024, 2, 29, 13, 45, 30, 123456),
-            dt.datetime(9999, 12, 31, 23, 59, 59, 999999),
+            "0001-01-01T00:00:00",
+            "2024-02-29T13:45:30.1234567",
+            "2024-02-29T13:45:30.1234568",
+            "2024-02-29T13:45:30.1234569",
+            "2024-02-29T13:45:30.123456",
+            "9999-12-31T23:59:59.9999999",
         ),
         crowded=(1, 2),
     ),
@@ -152,10 +155,10 @@ MSSQL_KEYS = {
             "'2024-02-29T09:00:00.0000000-02:00'",
         ),
         (
-            _aware(2024, 2, 29, 13, 0, 0, 123456, hours=5),
-            _aware(2024, 2, 29, 10, 0, 0, 123456),
-            _aware(2024, 2, 29, 10, 0, 0, 123456),
-            _aware(2024, 2, 29, 9, 0, 0, hours=-2),
+            "2024-02-29T13:00:00.1234567+05:00",
+            "2024-02-29T10:00:00.1234567+00:00",
+            "2024-02-29T10:00:00.1234568+00:00",
+            "2024-02-29T09:00:00-02:00",
         ),
         crowded=(1, 2),
     ),
