@@ -229,7 +229,7 @@ def _build_table(
         key_collations=tuple(c.collation for c in key),
         columns=tuple(c.name for c in published),
         mask_columns=masked if track_columns_updated else (),
-        column_types=tuple(c.base.lower() for c in published),
+        column_types=tuple(c.declared.lower() for c in published),
     )
     try:
         sql.changes(shape, since=0, upto=0, limit=1, after=(0, [None] * len(key_names)))

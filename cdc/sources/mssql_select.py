@@ -16,7 +16,15 @@ exactly, or at all, are selected as a text or bytes the server writes, which
   rounding of their 1/300 s decides their text;
 - xml, hierarchyid, geometry, geography: cast (``_AS_TEXT``);
 - sql_variant: its base type and its value's text (``variant_text``): "ODBC
-  does not fully support sql_variant" ("sql_variant (Transact-SQL)").
+  does not fully support sql_variant" ("sql_variant (Transact-SQL)");
+- char, varchar, text: cast to nvarchar of the same length. A varchar's bytes
+  reach the client in the driver's client character set, which FreeTDS takes
+  from freetds.conf or LANG and else makes ISO 8859-1 ("Localization and TDS
+  7.0", FreeTDS User Guide): Cyrillic, Greek or CJK text in a varchar, or a
+  _UTF8 collation's characters, would arrive as '?' without an error. As
+  nvarchar the server converts it, from the column's own code page, to
+  UTF-16, which every driver hands over exactly. n bytes of a varchar(n) are
+  at most n UTF-16 code units (a 4-byte UTF-8 character is 2 of them).
 
 Every expression here is parsed by sqlglot's T-SQL dialect in
 tests/cdc/sources/test_mssql_select.py.
@@ -38,11 +46,20 @@ _AS_TEXT = {
 }
 
 
-def column_select(expression: str, base_type: str | None) -> str:
-    """The select expression of a column of system type ``base_type``:
-    dates and times as the server's own text (100 ns), the
-    types of ``_AS_TEXT`` cast, a sql_variant as ``variant_text``."""
-    base = (base_type or "").lower()
+_CHARACTER = frozenset({"char", "varchar", "text"})
+_NVARCHAR_MAX_LENGTH = 4000  # nvarchar(n) takes n up to 4000, else max
+
+
+def column_select(expression: str, column_type: str | None) -> str:
+    """The select expression of a column of declared type ``column_type``
+    (``varchar(50)``, or its system type alone): dates and times as the
+    server's own text (100 ns), character types as nvarchar, the types of
+    ``_AS_TEXT`` cast, a sql_variant as ``variant_text``."""
+    base, _, length = (column_type or "").lower().partition("(")
+    if base in _CHARACTER:
+        size = length.rstrip(")")
+        wide = size if size.isdigit() and int(size) <= _NVARCHAR_MAX_LENGTH else "max"
+        return f"CAST({expression} AS nvarchar({wide}))"
     if base in DATE_TIME_TEXT:
         return f"CONVERT(nvarchar(40), {expression}, 121)"
     cast = _AS_TEXT.get(base)

@@ -61,7 +61,7 @@ class TableShape:
     key_collations: tuple[str | None, ...] = ()  # sys.columns.collation_name of each key column (char types)
     # the system type of each of ``columns`` (under any alias type; empty: each read as it is), which
     # decides how it is selected (``column_select``)
-    column_types: tuple[str, ...] = ()
+    column_types: tuple[str, ...] = ()  # declared SQL type of each published column (mssql_select)
 
     @property
     def exact_keys(self) -> tuple[str, ...]:

@@ -119,13 +119,34 @@ def test_the_types_a_driver_cannot_hand_over_exactly_are_selected_as_the_servers
         "date",
     ):
         assert f"WHEN N'{styled}' THEN CONVERT(nvarchar(max), CAST(t.[c] AS " in variant
-    for plain in ("int", "decimal", "nvarchar", "varbinary", "date", "uniqueidentifier", None):
+    for plain in ("int", "decimal(12,2)", "nvarchar(50)", "varbinary(max)", "date", "uniqueidentifier", None):
         assert column_select("t.[c]", plain) == "t.[c]"
+
+
+@pytest.mark.parametrize(
+    ("declared", "selected"),
+    [
+        ("varchar(50)", "CAST(t.[c] AS nvarchar(50))"),
+        ("char(10)", "CAST(t.[c] AS nvarchar(10))"),
+        ("varchar(4000)", "CAST(t.[c] AS nvarchar(4000))"),
+        ("varchar(8000)", "CAST(t.[c] AS nvarchar(max))"),
+        ("varchar(max)", "CAST(t.[c] AS nvarchar(max))"),
+        ("text", "CAST(t.[c] AS nvarchar(max))"),
+    ],
+)
+def test_character_columns_are_read_as_nvarchar_whatever_the_client_charset(
+    declared: str, selected: str
+) -> None:
+    """A varchar's bytes would reach a FreeTDS client in ISO 8859-1 unless its
+    charset is set: as nvarchar, the server converts from the column's code
+    page and the driver hands over UTF-16, exact for every character."""
+    assert column_select("t.[c]", declared) == selected
+    assert parse(f"SELECT {selected} FROM t") is not None
 
 
 def test_reads_select_keys_and_columns_through_their_expressions() -> None:
     shape = zoo().shape
-    assert shape.column_types[:2] == ("datetime2", "int")
+    assert shape.column_types[:2] == ("datetime2(7)", "int")
     changes = sql.changes(shape, since=5, upto=9, limit=100, after=(7, ["2026-01-01 00:00:00.0000001", 1]))
     tree = parse(changes)
     assert placeholders(tree) == len(changes.params)
