@@ -216,6 +216,35 @@ async def test_reference_types_are_refused_by_describe_and_enable_naming_the_fix
         await pg.source.describe(make_table_config(pg.schema, "refs", ["kind"]))
 
 
+async def test_a_primary_key_under_a_nondeterministic_collation_is_refused_naming_the_fix(
+    pg: PostgresHarness,
+) -> None:
+    """'abc' and 'ABC' are one key to a case-insensitive collation and two
+    documents to the mirror: an update from one spelling to the other would
+    leave the document under the old one. Refused, before anything is
+    installed; the same collation on a column outside the key is fine."""
+    await execute(
+        pg,
+        "create collation {s}.ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)",
+    )
+    ci = f'text collate "{pg.schema}".ci'
+    table = await pg.create_table("ci_keys", {"k": ci, "note": "text"}, ["k"], track=False)
+    with pytest.raises(UnsupportedType) as described:
+        await pg.source.describe(table)
+    with pytest.raises(UnsupportedType) as enabled:
+        await pg.source.tracking_enable([table])
+    for error in (described.value, enabled.value):
+        assert str(error).startswith(f"{pg.schema}.ci_keys.k: a primary-key column under a nondeterministic")
+        assert "deterministic collation" in str(error)
+    triggers = await (await pg.admin.execute(
+        "select count(*) from pg_trigger where tgrelid = to_regclass(%s)", [f'"{pg.schema}".ci_keys']
+    )).fetchone()  # fmt: skip
+    assert triggers == (0,), "nothing was installed"
+
+    other = await pg.create_table("ci_values", {"id": "int", "note": ci}, ["id"])
+    assert (await pg.source.describe(other)).column_names == ("id", "note")
+
+
 async def test_types_made_after_the_reader_connected_read_as_documented(pg: PostgresHarness) -> None:
     """Array types load by oid: one made after the session was prepared is
     learnt when its table is described, on the reader that reads it."""
