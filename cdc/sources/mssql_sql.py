@@ -286,7 +286,12 @@ def _key_parameter(declared_type: str | None, key_collation: str | None) -> str:
     varchar values are converted to the column's code page (COLLATE on the
     nvarchar parameter, so that the conversion to varchar uses the column's
     collation, not the database's default code page: "Collation precedence",
-    learn.microsoft.com) and compared in its collation; any other type is cast,
+    learn.microsoft.com; "CAST and CONVERT (Transact-SQL)", Output Collation:
+    a character input's collation and label carry to the output, so the cast
+    value is labelled with the column's collation. Which code page the
+    conversion itself uses no page says in so many words: the key-type
+    contract test over a Cyrillic varchar settles it on a server) and compared
+    in its collation; any other type is cast,
     so the comparison uses the column's ordering (the same as ORDER BY)."""
     if declared_type is None:
         return "?"
