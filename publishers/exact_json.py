@@ -141,9 +141,10 @@ def _exact(text: str) -> Any:
     except ValueError as exc:
         if isinstance(exc, json.JSONDecodeError):
             raise
-        # int(str) refused an integer of over 4300 digits: read integers with the hook
-        # (only now: a Python hook per integer doubles the time of a message)
-        return json.loads(text, parse_float=real, parse_int=integer, parse_constant=_no_constant)
+        # int(str) refused an integer of over 4300 digits: the iterative reader, which
+        # reads every integer with ``integer`` and has no recursion limit (a retry
+        # through json.loads with parse_int could still meet deep nesting further on)
+        return _iterative(text)
 
 
 def real(text: str) -> float | Decimal:

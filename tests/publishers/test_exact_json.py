@@ -115,6 +115,16 @@ def test_nesting_as_deep_as_postgresql_accepts(depth: int) -> None:
     assert exact_json.equal(copied, loads(text))
 
 
+def test_an_integer_past_4300_digits_then_deep_nesting_is_read_not_a_recursion_error() -> None:
+    """Both are valid jsonb: int(str) refuses the integer, and the retry must
+    not then meet Python's recursion limit in the nesting after it."""
+    big = "1" * 4301
+    value = loads(f"[{big}," + "[" * 3000 + "]" * 3000 + "]")
+    assert value[0] == Decimal(big)
+    with pytest.raises(json.JSONDecodeError):
+        loads(f"[{big}, NaN]")
+
+
 @pytest.mark.parametrize(
     "text",
     ["", "[1,]", '{"a" 1}', "[1 2]", "[", '{"a":1}x', "NaN", "[Infinity]", "{,}", "[01]", "[" * 3000 + "1,]"],
