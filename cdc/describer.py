@@ -100,14 +100,18 @@ class Describer:
         """Why the documents need a snapshot because they were written in
         another shape than the table has now (it changed while no sidecar
         followed it, or the config's columns did); None when they were not.
-        A shape not recorded yet (documents of an older cdc-sync) is recorded."""
+        No shape recorded beside documents: a cdc-sync before 0.2 wrote them,
+        whose keys and values may be encoded otherwise (UPGRADING.md): they
+        are snapshotted once too (the snapshot records the shape)."""
         stored, shape = await control.table_shape(manager, self.table), self.shape
         if not has_documents or stored == shape:
             return None
         if stored is None:
-            await control.set_table_shape(manager, self.table, shape)
-            return None
-        reason = "the table or its config changed since its documents were written"
+            reason = (
+                "its documents were written by a cdc-sync older than 0.2, which did not record their shape"
+            )
+        else:
+            reason = "the table or its config changed since its documents were written"
         log.warning(f"{reason}: snapshotting it again", extra={"table": self.table})
         return reason
 

@@ -321,3 +321,29 @@ async def test_a_change_made_while_no_sidecar_ran_is_followed_at_start_up(
             DEADLINE,
             "the column no longer listed gone",
         )
+
+
+async def test_documents_of_a_cdc_sync_that_recorded_no_shape_are_snapshotted_once(
+    source: MemorySource, redis_url: str, namespace: str, redis_client: aioredis.Redis
+) -> None:
+    """Mirrors written before 0.2 have a checkpoint but no shape, and their keys
+    may be encoded otherwise (UPGRADING.md): snapshotted once, whose sweep
+    removes a document no row has, then the shape is recorded."""
+    cfg = config(redis_url, namespace)
+    async with start_sidecar(source, cfg):
+        pass
+    layout = Layout(namespace)
+    assert await redis_client.hdel(layout.checkpoint(ITEMS), "shape") == 1  # as a 0.1 sidecar left it
+
+    async with start_sidecar(source, cfg) as sidecar:
+        await wait_for(
+            lambda: _shape_recorded(redis_client, layout), DEADLINE, "the shape recorded by the snapshot"
+        )
+        rows = sidecar.daemon.metrics.registry.get_sample_value("cdc_snapshot_rows_total", {"table": ITEMS})
+        assert rows == len(source.rows(ITEMS)), "items was snapshotted again"
+        other = sidecar.daemon.metrics.registry.get_sample_value("cdc_snapshot_rows_total", {"table": OTHER})
+        assert not other, "a table whose shape was recorded is not"
+
+
+async def _shape_recorded(redis_client: aioredis.Redis, layout: Layout) -> bool:
+    return bool(await redis_client.hexists(layout.checkpoint(ITEMS), "shape"))
