@@ -29,7 +29,6 @@ from cdc.errors import ConfigError, MissingColumn, TrackingNotEnabled
 from cdc.mapping import TableMapper
 from cdc.shapes import shape_change
 from cdc.sources.base import ChangeSource, TableInfo
-from cdc.templates import Template
 from publishers import control
 from publishers.manager import DataManager
 
@@ -88,8 +87,8 @@ class Describer:
             config.partition.source,
             None if config.key is None else config.key.source,
         ]
-        key = config.key or Template.join(info.primary_key)
-        if len(key.columns) > 1 or len(config.partition.columns) > 1:
+        assert self.mapper is not None  # described with ``info``
+        if self.mapper.key_template.encodes_values or config.partition.encodes_values:
             # Templates of several columns percent-encode their separators in the values
             # (cdc.templates) since 0.2: documents written before may sit under keys that
             # now read otherwise, and only a snapshot's sweep removes them (UPGRADING.md).

@@ -91,11 +91,16 @@ class Template:
                     f"primary-key column (primary key: {', '.join(allowed)})"
                 )
 
+    @property
+    def encodes_values(self) -> bool:
+        """Whether ``render`` percent-encodes its values: with two or more
+        column references (module docstring)."""
+        return len(self.columns) > 1
+
     @functools.cached_property
     def _escapes(self) -> dict[int, str] | None:
-        """What ``render`` percent-encodes in each value (module docstring):
-        None with fewer than two column references."""
-        if len(self.columns) < 2:
+        """What ``render`` percent-encodes in each value; None when nothing."""
+        if not self.encodes_values:
             return None
         reserved = {"%", *(char for is_column, text in self.parts if not is_column for char in text)}
         return {ord(char): "".join(f"%{byte:02X}" for byte in char.encode()) for char in reserved}

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -339,8 +340,13 @@ async def _pause_after_expiries(in_a_row: int, stop: asyncio.Event) -> None:
         return
     attempt = RetryCallState(cast(Any, None), None, (), {})  # what a wait reads: attempt_number
     attempt.attempt_number = in_a_row - 1
+    await _pause(stop, BROKEN_WAIT(attempt))
+
+
+async def _pause(stop: asyncio.Event, seconds: float) -> None:
+    """Wait ``seconds``, or less should ``stop`` be set meanwhile."""
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), BROKEN_WAIT(attempt))
+        await asyncio.wait_for(stop.wait(), seconds)
 
 
 def _retrying(
@@ -352,10 +358,6 @@ def _retrying(
     snapshots), ``LeaseLost`` (the table is someone else's), and with
     ``fail_fast`` anything but a ``TransientError``."""
 
-    async def pause(seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), seconds)
-
     def retry(state: RetryCallState) -> bool:
         error = state.outcome.exception() if state.outcome is not None else None
         if error is None or isinstance(error, TrackingExpired | LeaseLost):
@@ -366,4 +368,6 @@ def _retrying(
         error = state.outcome.exception() if state.outcome is not None else None
         return (RETRY_WAIT if isinstance(error, TransientError) else BROKEN_WAIT)(state)
 
-    return AsyncRetrying(retry=retry, wait=wait, sleep=pause, before_sleep=before_sleep, reraise=True)
+    return AsyncRetrying(
+        retry=retry, wait=wait, sleep=functools.partial(_pause, stop), before_sleep=before_sleep, reraise=True
+    )

@@ -35,6 +35,12 @@ from __future__ import annotations
 # Types with a time part: read as the server's text, to 100 ns (date has none).
 DATE_TIME_TEXT = frozenset({"datetime2", "datetimeoffset", "time", "datetime", "smalldatetime"})
 
+
+def exact_text(expression: str) -> str:
+    """The server's exact text of a date/time value (style 121, above)."""
+    return f"CONVERT(nvarchar(40), {expression}, 121)"
+
+
 _AS_TEXT = {
     "xml": "nvarchar(max)",  # the driver-independent text of the document
     # ToString(): "CAST(node AS nvarchar(4000)) ... implicitly calls ToString()"
@@ -61,7 +67,7 @@ def column_select(expression: str, column_type: str | None) -> str:
         wide = size if size.isdigit() and int(size) <= _NVARCHAR_MAX_LENGTH else "max"
         return f"CAST({expression} AS nvarchar({wide}))"
     if base in DATE_TIME_TEXT:
-        return f"CONVERT(nvarchar(40), {expression}, 121)"
+        return exact_text(expression)
     cast = _AS_TEXT.get(base)
     if cast is not None:
         return f"CAST({expression} AS {cast})"

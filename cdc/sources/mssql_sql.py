@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdc.sources import mssql_sql_identity as identity
-from cdc.sources.mssql_select import column_select
+from cdc.sources.mssql_select import DATE_TIME_TEXT, column_select, exact_text
 
 MAX_PARAMETERS = 2100  # SQL Server's limit on parameters per request
 _IDENTIFIER_MAX = 128
@@ -103,17 +103,12 @@ _COLLATION = re.compile(r"^[A-Za-z0-9_]{1,128}$")
 # yyyy-mm-dd hh:mi:ss.mmm[mmmm] [+hh:mi], with every fractional digit of the
 # column's scale; a style fixes the format whatever SET DATEFORMAT or
 # LANGUAGE the session has, which a bare CAST of a string to datetime does not).
-_EXACT_TEXT_TYPES = frozenset({"datetime2", "datetimeoffset", "time", "datetime", "smalldatetime"})
+_EXACT_TEXT_TYPES = DATE_TIME_TEXT  # the types mssql_select reads as their text too
 _CHAR_TYPES = frozenset({"char", "varchar"})
 
 
 def is_exact_text(type_name: str) -> bool:
     return type_name.split("(", 1)[0].lower() in _EXACT_TEXT_TYPES
-
-
-def exact_text(expression: str) -> str:
-    """The server's exact text of a date/time value (see ``_EXACT_TEXT_TYPES``)."""
-    return f"CONVERT(nvarchar(40), {expression}, 121)"
 
 
 def sql_type(type_name: str) -> str:

@@ -124,11 +124,7 @@ def checked(columns: Sequence[CatalogColumn], primary_key: Sequence[str] = ()) -
     (``refused``), which lists the table's columns that can."""
     publishable = [c.name for c in columns if c.base_type not in REFERENCE_TYPES]
     return tuple(
-        replace(c, refused=_refusal(c, publishable))
-        if c.base_type in REFERENCE_TYPES
-        else replace(c, refused=_NONDETERMINISTIC_KEY)
-        if c.name in primary_key and not c.deterministic
-        else c
+        replace(c, refused=reason) if (reason := _refusal(c, publishable, primary_key)) else c
         for c in columns
     )
 
@@ -148,7 +144,12 @@ _NONDETERMINISTIC_KEY = (
 )
 
 
-def _refusal(column: CatalogColumn, publishable: Sequence[str]) -> str:
+def _refusal(column: CatalogColumn, publishable: Sequence[str], primary_key: Sequence[str]) -> str:
+    """Why ``column`` cannot be published, with the fix; empty when it can."""
+    if column.name in primary_key and not column.deterministic:
+        return _NONDETERMINISTIC_KEY
+    if column.base_type not in REFERENCE_TYPES:
+        return ""
     return (
         f"type {column.type_name} cannot be mirrored: a {column.base_type} value reads as the current "
         "name of the object it refers to, which a rename or a drop changes without changing the row, "

@@ -12,6 +12,7 @@ import pytest
 from cdc.config import TableConfig, parse_config
 from cdc.describer import Describer
 from cdc.errors import SchemaError, SourceUnavailable
+from cdc.mapping import TableMapper
 from cdc.metrics import Metrics
 from cdc.shapes import shape_change
 from cdc.sources.base import Column, TableInfo
@@ -124,5 +125,5 @@ def test_an_upgrade_snapshots_the_tables_whose_keys_are_now_percent_encoded(
     table_config = parse_config(text, "sidecar.yaml", {}).tables[0]
     described = info(("id", "int"), ("a", "text"), ("b", "text"), key=key)
     describer = Describer(table_config, MemorySource(), max_row_bytes=1 << 20)
-    describer.info = described
+    describer.info, describer.mapper = described, TableMapper(table_config, described, 1 << 20)
     assert (describer.shape != shape_of_0_1(described, table_config)) is snapshotted
