@@ -124,13 +124,21 @@ async def send_calls(client: RedisClient, script: Script, calls: list[Call], url
     on a cluster (whose pipelines refuse ``EVALSHA``) concurrent calls, each
     routed by its first key. Error replies come back in their slot."""
     if isinstance(client, RedisCluster) or len(calls) == 1:
-        commands = [client.evalsha(script.sha, len(keys), *keys, *args) for keys, args in calls]
-        return await gathered([redis_calls.reply_or_error(command, url) for command in commands])
+        return await gathered([_reply(client, script, keys, args, url) for keys, args in calls])
     pipe = client.pipeline(transaction=False)
     for keys, args in calls:
         pipe.evalsha(script.sha, len(keys), *keys, *args)
     replies: list[Reply] = await redis_calls.call(pipe.execute(raise_on_error=False), url)
     return replies  # a slot holds only error replies: a lost link raises from execute
+
+
+async def _reply(
+    client: RedisClient, script: Script, keys: Sequence[Any], args: Sequence[Any], url: str
+) -> Reply:
+    """One EVALSHA's reply or error reply. The command is made here, not by the
+    caller: gather's task may be cancelled before it starts, and a command made
+    outside would then be left never awaited (a RuntimeWarning at collection)."""
+    return await redis_calls.reply_or_error(client.evalsha(script.sha, len(keys), *keys, *args), url)
 
 
 async def gathered(replies: Sequence[Awaitable[Reply]]) -> list[Reply]:
