@@ -55,6 +55,7 @@ class Pipeline:
         self.metrics = metrics or Metrics()
         self.trackers: list[ChangeTracker] = []
         self.redis_error: str | None = None  # why applying fails, while it does
+        self.cleanup_error: str | None = None  # why the source's retention cleanup fails, while it does
         self.worker = AutoBatchWorker(
             self._apply,
             max_batch_size=config.worker.max_batch_size,
