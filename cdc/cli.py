@@ -1,7 +1,8 @@
 """The command line of DESIGN.md §6.
 
 Exit codes: 0 ok, 1 failure while running, 2 bad config or usage, 3 cannot
-connect. Every CdcError carries its code; click's own usage errors exit 2.
+connect, 4 done but changes are in the dead letter because of it (``run
+--once``, ``deadletter replay``). Every CdcError carries its code; click's own usage errors exit 2.
 The commands are thin: they load the config and call into ``cdc.commands``.
 
 No secret leaves the process: before anything is read, the secrets of the
@@ -95,7 +96,9 @@ def cli(ctx: click.Context, log_level: str, json_logs: bool | None) -> None:
 
 @cli.command()
 @config_option
-@click.option("--once", is_flag=True, help="Catch every table up, then exit 0.")
+@click.option(
+    "--once", is_flag=True, help="Catch every table up, then exit 0 (4 when changes were dead-lettered)."
+)
 def run(config_path: str, once: bool) -> None:
     """Run the sidecar."""
     from cdc.commands import run_daemon
@@ -196,6 +199,78 @@ def doctor(config_path: str, as_json: bool) -> None:
     from cdc.commands import doctor as do_doctor
 
     sys.exit(_run(do_doctor(_load(config_path), as_json=as_json)))
+
+
+@cli.group()
+def deadletter() -> None:
+    """See, replay and purge the changes that could not be applied (docs/DEADLETTERS.md).
+
+    replay and run --once exit 4 when changes stay in (or went back to) the dead letter."""
+
+
+def _entry_id(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    from publishers.deadletters import check_id
+
+    try:
+        for entry_id in [value] if isinstance(value, str) else value or ():
+            check_id(entry_id)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
+
+@deadletter.command("list")
+@config_option
+@click.option("--table", "table", default=None, help="Only this table's entries (schema.table).")
+@click.option("--after", default=None, callback=_entry_id, help="Entries after this id (the next page).")
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(min=1), help="Entries shown.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def deadletter_list(
+    config_path: str, table: str | None, after: str | None, limit: int, as_json: bool
+) -> None:
+    """List the dead letter's entries, oldest first."""
+    from cdc.deadletter_cmd import list_entries
+
+    config = _load(config_path)
+    sys.exit(_run(list_entries(config, table=table, after=after, limit=limit, as_json=as_json)))
+
+
+@deadletter.command("show")
+@config_option
+@click.argument("entry_id", callback=_entry_id)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def deadletter_show(config_path: str, entry_id: str, as_json: bool) -> None:
+    """Show one entry whole (its values too)."""
+    from cdc.deadletter_cmd import show
+
+    sys.exit(_run(show(_load(config_path), entry_id, as_json=as_json)))
+
+
+@deadletter.command("replay")
+@config_option
+@click.option("--table", "table", default=None, help="schema.table; default: every table.")
+@click.option("--id", "ids", multiple=True, callback=_entry_id, help="Only this entry (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def deadletter_replay(config_path: str, table: str | None, ids: tuple[str, ...], as_json: bool) -> None:
+    """Read the current rows of the entries' keys from the source and apply them;
+    an entry is removed once applied; a row still bad goes back with its reason."""
+    from cdc.deadletter_cmd import replay
+
+    sys.exit(_run(replay(_load(config_path), table=table, ids=ids, as_json=as_json)))
+
+
+@deadletter.command("purge")
+@config_option
+@click.option("--table", "table", default=None, help="Remove this table's entries.")
+@click.option("--id", "ids", multiple=True, callback=_entry_id, help="Remove this entry (repeatable).")
+@click.option("--all", "everything", is_flag=True, help="Remove every entry.")
+def deadletter_purge(config_path: str, table: str | None, ids: tuple[str, ...], everything: bool) -> None:
+    """Remove entries without replaying them: --table T, --id ID or --all."""
+    from cdc.deadletter_cmd import purge
+
+    if sum((table is not None, bool(ids), everything)) != 1:
+        raise click.UsageError("purge: give exactly one of --table T, --id ID (repeatable) or --all")
+    sys.exit(_run(purge(_load(config_path), table=table, ids=ids, everything=everything)))
 
 
 @cli.command()

@@ -47,7 +47,11 @@ async def run_daemon(config: Config, *, once: bool = False) -> int:
     daemon = Daemon(config)
     daemon.install_signal_handlers()
     await daemon.run(once=once)
-    return 0
+    if daemon.dead_letter_mark is None:
+        return 0
+    from cdc.deadletter_cmd import run_summary
+
+    return await run_summary(config, daemon.dead_letter_mark)  # 4 when the run dead-lettered changes
 
 
 @asynccontextmanager
@@ -443,12 +447,19 @@ async def doctor(config: Config, *, as_json: bool = False) -> int:
         findings += await source.doctor(config.tables)
         findings += await control.doctor(manager)
         findings += await _retention_findings(config, manager)
+        findings += await _dead_letter_findings(config, manager)
     if as_json:
         _print(orjson.dumps([f.__dict__ for f in findings]).decode())
     else:
         for f in findings:
             _print(f"{f.level:<7} {f.subject}: {f.message}")
     return 1 if any(f.level == "error" for f in findings) else 0
+
+
+async def _dead_letter_findings(config: Config, manager: DataManager) -> list[Finding]:
+    from cdc.deadletter_cmd import doctor_findings
+
+    return await doctor_findings(config, manager)
 
 
 async def _retention_findings(config: Config, manager: DataManager) -> list[Finding]:

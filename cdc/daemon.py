@@ -44,7 +44,7 @@ from cdc.health import HealthServer
 from cdc.observers import Observer
 from cdc.pipeline import Pipeline
 from cdc.sources.base import ChangeSource
-from publishers import control
+from publishers import control, deadletters
 from publishers.manager import DataManager
 
 log = logging.getLogger("cdc.daemon")
@@ -83,6 +83,7 @@ class Daemon:
         self._period = ttl / 3  # leases are renewed three times per TTL
         self._interrupts = 0
         self._cleanup_warnings = _Throttled("tracking cleanup", CLEANUP_WARN_EVERY)
+        self.dead_letter_mark: str | None = None  # (--once) the dead letter's last id at the start
 
     @property
     def manager(self) -> DataManager:
@@ -105,6 +106,8 @@ class Daemon:
         there (exit 2), before it connects to anything or takes a lease."""
         await self._listen_health()
         await self.pipeline.open(strict=strict)
+        if strict:
+            self.dead_letter_mark = await deadletters.last_id(self.manager)
         self.metrics.up.labels("source").set(1)
         self.metrics.up.labels("redis").set(1)
         await self.balancer.start()

@@ -8,6 +8,8 @@ dead letter, checkpoints and heartbeats are small enough to stay here.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
@@ -40,7 +42,17 @@ __all__ = [
     "timestamp",
 ]
 
+log = logging.getLogger("publishers.deadletter")
+
+# The dead letter is capped (XADD MAXLEN ~): a poison storm (a key template
+# that fails every row of a large table) must not fill Redis, which would stop
+# every table's mirroring (noeviction). The cap is not silent: once the stream
+# holds this many entries, each process logs an error at most every
+# ``DEAD_LETTER_FULL_WARN_EVERY`` seconds (docs/DEADLETTERS.md), and ``cdc
+# doctor`` warns as it nears it. A table with that many entries is fixed by a
+# snapshot (``cdc snapshot --table T``), not by replaying entries one by one.
 DEAD_LETTER_MAX_LEN = 100_000
+DEAD_LETTER_FULL_WARN_EVERY = 60.0
 
 
 class DataManager:
@@ -70,6 +82,7 @@ class DataManager:
             max_changes_per_call=max_changes_per_call,
         )
         self._documents = Documents(client, self.layout, config.url)
+        self._cap = _DeadLetterCap(client, self.layout.deadletter(), config.url)
 
     @classmethod
     async def connect(
@@ -129,6 +142,7 @@ class DataManager:
         reply = await redis_calls.reply_or_error(command, self.config.url)
         if not redis_calls.is_error_reply(reply):
             result.rejected.append(Rejected(change, reason))
+            await self._cap.check()
             return
         blocked = redis_calls.blocked_reason(reply, shared_key=key)
         if blocked is None:
@@ -150,6 +164,7 @@ class DataManager:
         fields = self._dead_fields(change, reason, table, payload, now)
         deadletter = self.layout.deadletter()
         await self._call(self.client.xadd(deadletter, fields, maxlen=DEAD_LETTER_MAX_LEN, approximate=True))
+        await self._cap.check()
 
     def _dead_fields(
         self,
@@ -282,3 +297,36 @@ def _field_value(value: Any) -> EncodableT:
     if isinstance(value, (bytes, str, int, float)) and not isinstance(value, bool):
         return value
     return orjson.dumps(value)
+
+
+class _DeadLetterCap:
+    """Says when the dead letter is at its cap (``DEAD_LETTER_MAX_LEN``)."""
+
+    def __init__(self, client: RedisClient, key: str, url: str) -> None:
+        self.client, self.key, self.url = client, key, url
+        self._next_check = 0.0  # monotonic time after which the length is read again
+
+    async def check(self) -> None:
+        """An error line, at most every ``DEAD_LETTER_FULL_WARN_EVERY``, while
+        the dead letter is at its cap: its oldest entries are then trimmed as
+        new ones arrive, and their keys can no longer be replayed. The length
+        is read at most once a second: a poison storm dead-letters thousands
+        of changes a second, each one XADD already. Never raises: the entry
+        is written, and a failed check must not make its batch be retried."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        try:
+            length = int(await redis_calls.call(self.client.xlen(self.key), self.url))
+        except CdcError:
+            return
+        full = length >= DEAD_LETTER_MAX_LEN
+        self._next_check = now + (DEAD_LETTER_FULL_WARN_EVERY if full else 1.0)
+        if full:
+            log.error(
+                f"the dead letter {self.key} holds {length} entries, its cap ({DEAD_LETTER_MAX_LEN}): its "
+                "oldest entries are trimmed as new ones arrive, and their keys are no longer replayed. See "
+                "cdc deadletter list; fix the cause, then snapshot the table (cdc snapshot --table T) and "
+                "purge its entries (cdc deadletter purge --table T)",
+                extra={"entries": length},
+            )

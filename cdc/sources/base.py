@@ -146,6 +146,16 @@ class SnapshotPage:
 
 
 @dataclass(frozen=True)
+class KeyedRows:
+    """The current rows of some primary keys (``ChangeSource.read_rows``)."""
+
+    version: int  # read before the rows: every change at or below it is in them
+    rows: list[
+        dict[str, Any] | None
+    ]  # one per key asked, in order: published column -> value; None: no such row
+
+
+@dataclass(frozen=True)
 class TrackingStatus:
     """A table's change tracking. ``min_valid_version`` is None when changes
     are not captured at all (not enabled, the table gone, PostgreSQL: its
@@ -201,6 +211,14 @@ class ChangeSource(Protocol):
     ) -> ChangePage: ...
 
     def snapshot(self, info: TableInfo, *, page_size: int) -> AsyncIterator[SnapshotPage]: ...
+
+    async def read_rows(self, info: TableInfo, keys: Sequence[dict[str, Any]]) -> KeyedRows:
+        """The current rows of ``keys`` (primary-key column -> value, each the
+        value or its text as a key template renders it: ``cdc.templates``),
+        in one consistent view, with a version read before any of them, as a
+        snapshot's: every change at or below it is in the rows, and a later
+        change comes with a higher version (``cdc deadletter replay``)."""
+        ...
 
     async def wait_for_changes(self, timeout: float) -> set[str]:
         """Block up to ``timeout`` seconds for a change notification; return

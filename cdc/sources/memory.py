@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from cdc.config import TableConfig
 from cdc.errors import (
@@ -45,11 +46,13 @@ from cdc.sources.base import (
     Column,
     Cursor,
     Finding,
+    KeyedRows,
     SnapshotPage,
     TableInfo,
     TrackingStatus,
 )
 from cdc.sources.memory_db import Entry, Key, MemoryDatabase, MemoryTransaction, Row, Table
+from cdc.templates import render_key_value
 
 __all__ = ["MemoryDatabase", "MemorySource", "MemoryTransaction", "TYPES"]
 
@@ -182,6 +185,14 @@ class MemorySource(MemoryDatabase):
         rows = [_published(info, r) for _, r in sorted(t.rows.items())]
         for start in range(0, max(1, len(rows)), page_size):
             yield SnapshotPage(version, rows[start : start + page_size], len(rows))
+
+    async def read_rows(self, info: TableInfo, keys: Sequence[dict[str, Any]]) -> KeyedRows:
+        """The rows of ``keys`` as they are now (one view: nothing runs in
+        between); a key value matches as its text in a key (``render_key_value``)."""
+        t = self._described(info)
+        by_text = {tuple(render_key_value(v) for v in key): key for key in t.rows}
+        found = [by_text.get(tuple(render_key_value(k[c]) for c in info.primary_key)) for k in keys]
+        return KeyedRows(self._version, [None if k is None else _published(info, t.rows[k]) for k in found])
 
     async def wait_for_changes(self, timeout: float) -> set[str]:
         """Tables committed to since the last call, waiting up to ``timeout`` for one."""

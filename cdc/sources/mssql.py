@@ -32,8 +32,9 @@ from typing import Any, TypeVar
 
 from cdc.config import SourceConfig, TableConfig
 from cdc.errors import CdcError, MissingColumn, SchemaError, TrackingNotEnabled
+from cdc.sources import mssql_keyed
 from cdc.sources import mssql_sql as sql
-from cdc.sources.base import ChangePage, Cursor, Finding, SnapshotPage, TableInfo, TrackingStatus
+from cdc.sources.base import ChangePage, Cursor, Finding, KeyedRows, SnapshotPage, TableInfo, TrackingStatus
 from cdc.sources.mssql_catalog import (
     DescribedTable,
     TableName,
@@ -271,6 +272,18 @@ class MssqlSource:
                 yield page
         finally:
             await link.close()  # rolls back first when the snapshot was abandoned or failed
+
+    async def read_rows(self, info: TableInfo, keys: Sequence[dict[str, Any]]) -> KeyedRows:
+        """The current rows of ``keys`` in one SNAPSHOT transaction, the
+        version read first, on a reader (``mssql_keyed``)."""
+        described = await self._tracked(info)
+        link = self._readers.pop() if self._readers else self._new_reader()
+        found = await self._run_read(
+            link, lambda conn: mssql_keyed.read_rows(conn, described, keys), info.table
+        )
+        self._readers.append(link)  # committed (or rolled back, on an error) by mssql_keyed
+        await self._check_unreadable(described, found.rows)
+        return found
 
     async def wait_for_changes(self, timeout: float) -> set[str]:
         """The described tables once the database's version, identity or tracked

@@ -56,11 +56,12 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from cdc.config import SourceConfig, TableConfig
-from cdc.sources import pg_catalog, pg_doctor, pg_reads, pg_shape, pg_status, pg_tracking, pg_types
+from cdc.sources import pg_catalog, pg_doctor, pg_keyed, pg_reads, pg_shape, pg_status, pg_tracking, pg_types
 from cdc.sources.base import (
     ChangePage,
     Cursor,
     Finding,
+    KeyedRows,
     SnapshotPage,
     TableInfo,
     TrackingStatus,
@@ -237,6 +238,11 @@ class PostgresSource:
                     last = tuple(records[-1][: len(info.primary_key)])
         finally:
             await conn.close()
+
+    async def read_rows(self, info: TableInfo, keys: Sequence[dict[str, Any]]) -> KeyedRows:
+        """The current rows of ``keys``, the version read first (``pg_keyed``)."""
+        async with self._sessions.reading(f"read rows of {info.table} by key", True, info.table) as conn:
+            return await pg_keyed.read_rows(conn, self._schema, info, keys, ordinary=self._ordinary(info))
 
     # -- notifications and upkeep --------------------------------------------
 
