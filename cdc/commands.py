@@ -116,17 +116,25 @@ async def tracking(
     table: str | None = None,
     force: bool = False,
     as_json: bool = False,
+    grant_to: str | None = None,
 ) -> int:
     """Enable, disable or show the change tracking of ``table`` (every table
     when None). ``disable`` first makes sure that no live sidecar streams the
-    tables (``_refuse_while_streamed``) unless ``force``."""
+    tables (``_refuse_while_streamed``) unless ``force``. ``enable`` with
+    ``grant_to``: then grants that role (SQL Server: database user) what
+    ``cdc run`` needs on the tables (docs/POSTGRES.md, docs/SQLSERVER.md)."""
     chosen = [config.table(table)] if table else list(config.tables)
+    if grant_to is not None and action != "enable":
+        raise ConfigError(f"--grant-to is for enable only, not {action}")
     if action == "disable":
         await _refuse_while_streamed(config, [t.table for t in chosen], force=force)
     async with connected(config, redis=False) as (source, _):
         if action == "enable":
             for line in await source.tracking_enable(chosen):
                 _print(line)
+            if grant_to is not None:
+                for line in await source.grant_runtime(chosen, grant_to):
+                    _print(line)
         elif action == "disable":
             for line in await source.tracking_disable(chosen):
                 _print(line)
@@ -448,7 +456,17 @@ async def doctor(config: Config, *, as_json: bool = False) -> int:
     else:
         for f in findings:
             _print(f"{f.level:<7} {f.subject}: {f.message}")
+        _print_grants(findings)
     return 1 if any(f.level == "error" for f in findings) else 0
+
+
+def _print_grants(findings: list[Finding]) -> None:
+    """The GRANTs of the findings, once each, as a script to run as the objects' owner."""
+    grants = list(dict.fromkeys(str(f.extra["grant"]) for f in findings if f.extra.get("grant")))
+    if grants:
+        _print("-- the GRANTs that give the sidecar's role what it lacks (run them as the objects' owner):")
+        for grant in grants:
+            _print(grant if grant.endswith(";") else grant + ";")
 
 
 async def _retention_findings(config: Config, manager: DataManager) -> list[Finding]:

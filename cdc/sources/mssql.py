@@ -12,7 +12,8 @@ PostgreSQL one's:
 - ``mssql_reads``: what a read checks and decodes; ``mssql_paging``: the
   pages of a read of changes, one SNAPSHOT transaction, its backlog in
   tempdb; ``mssql_snapshot``: a table's snapshot, in resumable chunks;
-- ``mssql_tracking``: enable, disable, status;
+- ``mssql_tracking``: enable, disable, status; ``mssql_grants``: what the
+  sidecar's user is granted, and the tables the login may not enable;
 - ``mssql_doctor``: what will go wrong;
 - ``mssql_sql``: the T-SQL text; ``mssql_types``: the type mapping;
 - ``mssql_watcher``: the per-database version watcher, which wakes idle
@@ -31,7 +32,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
 from cdc.config import SourceConfig, TableConfig
-from cdc.errors import CdcError, MissingColumn, SchemaError, TrackingNotEnabled
+from cdc.errors import CdcError, MissingColumn, SchemaError, SourceError, TrackingNotEnabled
+from cdc.sources import mssql_grants
 from cdc.sources import mssql_sql as sql
 from cdc.sources.base import ChangePage, Cursor, Finding, SnapshotPage, TableInfo, TrackingStatus
 from cdc.sources.mssql_catalog import (
@@ -287,7 +289,19 @@ class MssqlSource:
 
     async def tracking_enable(self, tables: Sequence[TableConfig]) -> list[str]:
         opener = self._open_connection  # ALLOW_SNAPSHOT_ISOLATION ON waits on a connection of its own
-        return await self._link.run(lambda conn: enable(conn, tables, self.config.retention, opener))
+
+        def checked_enable(conn: Any) -> list[str]:
+            refused = mssql_grants.not_alterable(conn, tables) if tables else []
+            if refused:  # every such table at once, before anything is turned on
+                user = fetch_scalar(conn, mssql_grants.CURRENT_USER)
+                raise SourceError(mssql_grants.alter_error(None if user is None else str(user), refused))
+            return enable(conn, tables, self.config.retention, opener)
+
+        return await self._link.run(checked_enable)
+
+    async def grant_runtime(self, tables: Sequence[TableConfig], role: str) -> list[str]:
+        """SELECT and VIEW CHANGE TRACKING on each table to the database user ``role``."""
+        return await self._link.run(lambda conn: mssql_grants.grant_runtime(conn, tables, role))
 
     async def tracking_disable(self, tables: Sequence[TableConfig]) -> list[str]:
         return await self._link.run(lambda conn: disable(conn, tables))
