@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from cdc import checks
 from cdc.config import Config
 from cdc.daemon import Daemon
 from cdc.errors import CdcError, ConfigError, ConnectError, TransientError
@@ -81,10 +82,17 @@ async def validate(config: Config) -> int:
     from cdc.describer import Describer
 
     worst = 0
-    async with connected(config) as (source, _):
+    for secret in config.literal_secrets:
+        _print(f"warn  {secret.warning(config.path)}")
+    async with connected(config) as (source, manager):
+        assert manager is not None
         _print(
             f"ok    {config.path}: {len(config.tables)} table(s), source {config.source.kind}, Redis reachable"
         )
+        problems = await control.primary_problems(manager)
+        for problem in problems:
+            _print(f"error redis.url ({config.path}): {problem}")
+        worst = max(worst, checks.REPLICA_EXIT if problems else 0)
         for table_config in config.tables:
             describer = Describer(table_config, source, config.worker.max_row_bytes)
             try:
@@ -448,6 +456,7 @@ async def doctor(config: Config, *, as_json: bool = False) -> int:
     findings: list[Finding] = []
     async with connected(config) as (source, manager):
         assert manager is not None
+        findings += checks.secret_findings(config)
         findings += await source.doctor(config.tables)
         findings += await control.doctor(manager)
         findings += await _retention_findings(config, manager)
@@ -456,17 +465,9 @@ async def doctor(config: Config, *, as_json: bool = False) -> int:
     else:
         for f in findings:
             _print(f"{f.level:<7} {f.subject}: {f.message}")
-        _print_grants(findings)
+        for line in checks.grant_script(findings):
+            _print(line)
     return 1 if any(f.level == "error" for f in findings) else 0
-
-
-def _print_grants(findings: list[Finding]) -> None:
-    """The GRANTs of the findings, once each, as a script to run as the objects' owner."""
-    grants = list(dict.fromkeys(str(f.extra["grant"]) for f in findings if f.extra.get("grant")))
-    if grants:
-        _print("-- the GRANTs that give the sidecar's role what it lacks (run them as the objects' owner):")
-        for grant in grants:
-            _print(grant if grant.endswith(";") else grant + ";")
 
 
 async def _retention_findings(config: Config, manager: DataManager) -> list[Finding]:
