@@ -135,7 +135,21 @@ def view_tracking_findings(
 ) -> list[Finding]:
     """The VIEW CHANGE TRACKING check: without it CHANGE_TRACKING_MIN_VALID_VERSION is NULL."""
     if can_view is None:
-        return [Finding("error", table_config.table, "the table does not exist, or the login cannot see it")]
+        # SQL Server hides an object from a login with no permission on it ("Metadata
+        # Visibility Configuration", learn.microsoft.com): OBJECT_ID is NULL either way
+        grants = [
+            _grant(p, table_config.schema, table_config.name, user=user)
+            for p in ("SELECT", "VIEW CHANGE TRACKING")
+        ]
+        return [
+            Finding(
+                "error",
+                table_config.table,
+                "the table does not exist, or the login has no permission on it (SQL Server then hides it): "
+                f"if it exists, {'; '.join(grants)}",
+                {"grant": "; ".join(grants)},
+            )
+        ]
     if can_view:
         return []
     grant = _grant("VIEW CHANGE TRACKING", table_config.schema, table_config.name, user=user)
