@@ -126,17 +126,32 @@ def validate(config_path: str) -> None:
     "or when Redis cannot be reached to tell.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def tracking(action: str, config_path: str, table: str | None, force: bool, as_json: bool) -> None:
+@click.option(
+    "--grant-to",
+    "grant_to",
+    default=None,
+    metavar="ROLE",
+    help="enable: also grant this role (SQL Server: database user) what `cdc run` needs on the tables; "
+    "PostgreSQL: also on the tables created later (docs/POSTGRES.md).",
+)
+def tracking(
+    action: str, config_path: str, table: str | None, force: bool, as_json: bool, grant_to: str | None
+) -> None:
     """Set up (enable), remove (disable) or show (status) change tracking on the source.
 
     disable refuses (exit 1) while a live sidecar streams the table, naming
-    it, and (exit 3) when Redis cannot be reached to tell; --force overrides."""
+    it, and (exit 3) when Redis cannot be reached to tell; --force overrides.
+    enable --grant-to ROLE grants the sidecar's runtime role what it needs."""
     from cdc.commands import tracking as do_tracking
 
     if force and action != "disable":
         raise click.UsageError(f"--force is for disable only, not {action}")
+    if grant_to is not None and action != "enable":
+        raise click.UsageError(f"--grant-to is for enable only, not {action}")
+    if grant_to is not None and not grant_to.strip():
+        raise click.UsageError("--grant-to: a role name cannot be blank")
     config = _load(config_path)
-    sys.exit(_run(do_tracking(config, action, table=table, force=force, as_json=as_json)))
+    sys.exit(_run(do_tracking(config, action, table=table, force=force, as_json=as_json, grant_to=grant_to)))
 
 
 @cli.command()

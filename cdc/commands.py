@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import gc
 import os
 import sys
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from cdc import checks
 from cdc.config import Config
 from cdc.daemon import Daemon
 from cdc.errors import CdcError, ConfigError, ConnectError, TransientError
@@ -85,10 +85,17 @@ async def validate(config: Config) -> int:
     from cdc.describer import Describer
 
     worst = 0
-    async with connected(config) as (source, _):
+    for secret in config.literal_secrets:
+        _print(f"warn  {secret.warning(config.path)}")
+    async with connected(config) as (source, manager):
+        assert manager is not None
         _print(
             f"ok    {config.path}: {len(config.tables)} table(s), source {config.source.kind}, Redis reachable"
         )
+        problems = await control.primary_problems(manager)
+        for problem in problems:
+            _print(f"error redis.url ({config.path}): {problem}")
+        worst = max(worst, checks.REPLICA_EXIT if problems else 0)
         for table_config in config.tables:
             describer = Describer(table_config, source, config.worker.max_row_bytes)
             try:
@@ -120,17 +127,25 @@ async def tracking(
     table: str | None = None,
     force: bool = False,
     as_json: bool = False,
+    grant_to: str | None = None,
 ) -> int:
     """Enable, disable or show the change tracking of ``table`` (every table
     when None). ``disable`` first makes sure that no live sidecar streams the
-    tables (``_refuse_while_streamed``) unless ``force``."""
+    tables (``_refuse_while_streamed``) unless ``force``. ``enable`` with
+    ``grant_to``: then grants that role (SQL Server: database user) what
+    ``cdc run`` needs on the tables (docs/POSTGRES.md, docs/SQLSERVER.md)."""
     chosen = [config.table(table)] if table else list(config.tables)
+    if grant_to is not None and action != "enable":
+        raise ConfigError(f"--grant-to is for enable only, not {action}")
     if action == "disable":
         await _refuse_while_streamed(config, [t.table for t in chosen], force=force)
     async with connected(config, redis=False) as (source, _):
         if action == "enable":
             for line in await source.tracking_enable(chosen):
                 _print(line)
+            if grant_to is not None:
+                for line in await source.grant_runtime(chosen, grant_to):
+                    _print(line)
         elif action == "disable":
             for line in await source.tracking_disable(chosen):
                 _print(line)
@@ -444,15 +459,18 @@ async def doctor(config: Config, *, as_json: bool = False) -> int:
     findings: list[Finding] = []
     async with connected(config) as (source, manager):
         assert manager is not None
+        findings += checks.secret_findings(config)
         findings += await source.doctor(config.tables)
         findings += await control.doctor(manager)
-        findings += await _retention_findings(config, manager)
+        findings += await checks.retention_findings(config, manager)
         findings += await _dead_letter_findings(config, manager)
     if as_json:
         _print(orjson.dumps([f.__dict__ for f in findings]).decode())
     else:
         for f in findings:
             _print(f"{f.level:<7} {f.subject}: {f.message}")
+        for line in checks.grant_script(findings):
+            _print(line)
     return 1 if any(f.level == "error" for f in findings) else 0
 
 
@@ -460,25 +478,3 @@ async def _dead_letter_findings(config: Config, manager: DataManager) -> list[Fi
     from cdc.deadletter_cmd import doctor_findings
 
     return await doctor_findings(config, manager)
-
-
-async def _retention_findings(config: Config, manager: DataManager) -> list[Finding]:
-    """A checkpoint older than the retention will expire: re-snapshot ahead."""
-    if config.source.kind != "postgres":
-        return []
-    out = []
-    now = dt.datetime.now(dt.UTC)
-    for table in (table_config.table for table_config in config.tables):
-        checkpoint = await manager.get_checkpoint(table)
-        if checkpoint is None:
-            out.append(Finding("warning", table, "no checkpoint yet: the first run will snapshot it"))
-            continue
-        try:
-            age = (now - dt.datetime.fromisoformat(checkpoint.updated_at)).total_seconds()
-        except ValueError as exc:
-            raise ConfigError(f"{table}: unreadable checkpoint time {checkpoint.updated_at!r}") from exc
-        if age > config.source.retention:
-            out.append(Finding("error", table, f"checkpoint is {age:.0f}s old, beyond retention"))
-        elif age > config.source.retention / 2:
-            out.append(Finding("warning", table, f"checkpoint is {age:.0f}s old, over half the retention"))
-    return out

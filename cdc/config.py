@@ -18,7 +18,7 @@ import re
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,6 +29,7 @@ from cdc.config_yaml import FieldError, Lines, cut, load_yaml, locate, shown
 from cdc.durations import parse_duration
 from cdc.errors import ConfigError
 from cdc.templates import Template
+from publishers.redaction import secrets_in
 from publishers.settings import RedisConfig as RedisConfig  # re-exported: owned by publishers, built here
 
 Operation = Literal["I", "U", "D"]
@@ -91,12 +92,30 @@ class TableConfig:
 
 
 @dataclass(frozen=True)
+class LiteralSecret:
+    """A field whose password is written in the file itself, not brought in by
+    a ``${VAR}`` reference: where it is, never what it is."""
+
+    field: str  # "source.dsn" or "redis.url"
+    line: int
+
+    def warning(self, path: str) -> str:
+        return (
+            f"{path}:{self.line}: {self.field} holds a password written in the file (not from an environment "
+            f"variable): whoever can read the file or its history can read it. Write the value as ${{VAR}} "
+            "(e.g. ${CDC_SOURCE_DSN}, ${CDC_REDIS_URL}) and set the variable in the sidecar's environment"
+        )
+
+
+@dataclass(frozen=True)
 class Config:
     source: SourceConfig
     redis: RedisConfig
     worker: WorkerConfig
     tables: tuple[TableConfig, ...]
     path: str = "<config>"
+    # fields holding a password written in the file (cdc validate and cdc doctor warn)
+    literal_secrets: tuple[LiteralSecret, ...] = field(default=(), compare=False)
 
     def table(self, name: str) -> TableConfig:
         for table_config in self.tables:
@@ -144,15 +163,42 @@ def _collector_paused() -> Iterator[None]:
 
 def _parse_config(text: str, name: str, environ: Mapping[str, str]) -> Config:
     data, lines = load_yaml(text, name)
+    literal = _literal_secrets(data, lines)  # before expansion: what the file itself says
     data = _expand(data, (), lines, name, environ)
     for section in ("redis", "worker"):  # every option commented out: YAML reads null
         if section in data and data[section] is None:
             data[section] = {}
     validate(data, lines, name)
     try:
-        return _build(data, lines, name)
+        return replace(_build(data, lines, name), literal_secrets=literal)
     except FieldError as exc:  # semantic checks, beyond what the schema says
         raise ConfigError(locate(name, lines, exc.where, exc.message)) from None
+
+
+# -- secrets written in the file ---------------------------------------------
+
+_SECRET_FIELDS: tuple[tuple[str, str], ...] = (("source", "dsn"), ("redis", "url"))
+
+
+def _literal_secrets(data: Any, lines: Lines) -> tuple[LiteralSecret, ...]:
+    """The secret fields that hold a password in the file's own text. Each
+    ``${VAR}`` is taken out first (what the environment brings is not in the
+    file), a ``${VAR:-default}``'s default kept (that is in the file); a
+    password found by syntax in what is left (``publishers.redaction.secrets_in``:
+    ``user:pw@``, ``password=``, ``PWD=``...) was written there."""
+    found = []
+    for section, key in _SECRET_FIELDS:
+        value = (
+            data.get(section, {}).get(key)
+            if isinstance(data, dict) and isinstance(data.get(section), dict)
+            else None
+        )
+        if not isinstance(value, str):
+            continue
+        written = _ENV.sub(lambda match: match.group(2) or "", value)
+        if secrets_in(written):
+            found.append(LiteralSecret(f"{section}.{key}", lines.get((section, key), 0)))
+    return tuple(found)
 
 
 # -- ${VAR} expansion ------------------------------------------------------

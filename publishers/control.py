@@ -26,7 +26,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from publishers import redis_calls, scripts
+from publishers import redis_calls, redis_checks, scripts
 from publishers.manager import DataManager
 from publishers.model import Finding
 
@@ -267,12 +267,21 @@ async def snapshot_progress(manager: DataManager, table: str) -> dict[str, str] 
 
 
 @_translated
+async def primary_problems(manager: DataManager) -> list[str]:
+    """Each node the sidecar would write to that is a replica, in words (``redis_checks``)."""
+    return await redis_checks.primary_problems(manager)
+
+
+@_translated
 async def doctor(manager: DataManager) -> list[Finding]:
-    """What will go wrong on the Redis side: eviction, memory, version."""
+    """What will go wrong on the Redis side: a replica as the target, commands
+    the ACL user may not run (``redis_checks``), eviction, memory, version."""
     findings = []
     info = await manager.client.info("server")
     version = redis_calls.text(info.get("redis_version", "?")) if isinstance(info, dict) else "?"
     findings.append(Finding("ok", "redis", f"Redis {version} reachable"))
+    findings += await redis_checks.primary_findings(manager)
+    findings += await redis_checks.acl_findings(manager)
     policy = await manager.client.config_get("maxmemory-policy")
     value = redis_calls.text(next(iter(policy.values()), "noeviction")) if policy else "noeviction"
     if value != "noeviction":

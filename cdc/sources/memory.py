@@ -221,6 +221,9 @@ class MemorySource(MemoryDatabase):
                 done.append(f"tracking enabled for {table_config.table}")
         return done
 
+    async def grant_runtime(self, tables: Sequence[TableConfig], role: str) -> list[str]:
+        return [f"{role}: an in-memory source has no privileges to grant"]
+
     async def tracking_disable(self, tables: Sequence[TableConfig]) -> list[str]:
         done = []
         for table_config in tables:

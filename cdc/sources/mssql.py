@@ -7,12 +7,14 @@ PostgreSQL one's:
   kept out of messages;
 - ``mssql_errors``: pyodbc errors mapped onto ``cdc.errors``;
 - ``mssql_link``: one connection and the one thread allowed to touch it;
+  ``mssql_readers``: the idle reader connections reads run on;
 - ``mssql_catalog``: describing a table, and the shape fingerprints that tell
   a running sidecar it changed (SQLSERVER.md, "When a table changes shape");
 - ``mssql_reads``: what a read checks and decodes; ``mssql_paging``: the
   pages of a read of changes, one SNAPSHOT transaction, its backlog in
   tempdb; ``mssql_snapshot``: a table's snapshot, in resumable chunks;
-- ``mssql_tracking``: enable, disable, status;
+- ``mssql_tracking``: enable, disable, status; ``mssql_grants``: what the
+  sidecar's user is granted, and the tables the login may not enable;
 - ``mssql_doctor``: what will go wrong;
 - ``mssql_sql``: the T-SQL text; ``mssql_types``: the type mapping;
 - ``mssql_watcher``: the per-database version watcher, which wakes idle
@@ -31,8 +33,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
 from cdc.config import SourceConfig, TableConfig
-from cdc.errors import CdcError, MissingColumn, SchemaError, TrackingNotEnabled
-from cdc.sources import mssql_keyed
+from cdc.errors import MissingColumn, SchemaError, TrackingNotEnabled
+from cdc.sources import mssql_grants, mssql_keyed
 from cdc.sources import mssql_sql as sql
 from cdc.sources.base import ChangePage, Cursor, Finding, KeyedRows, SnapshotPage, TableInfo, TrackingStatus
 from cdc.sources.mssql_catalog import (
@@ -50,9 +52,9 @@ from cdc.sources.mssql_link import (
     fetch_scalar,
     open_connection,
     prepare_connection,
-    rollback_quietly,
 )
 from cdc.sources.mssql_paging import first_page, next_page
+from cdc.sources.mssql_readers import Readers
 from cdc.sources.mssql_reads import change_cursor, decode_change, unreadable_in
 from cdc.sources.mssql_snapshot import read_snapshot
 from cdc.sources.mssql_tracking import disable, enable, status
@@ -74,9 +76,9 @@ class MssqlSource:
         # Reads run on readers of their own: a paged read holds its SNAPSHOT
         # transaction open on one (``_held``, by table) until its last page, while
         # other tables' reads, describe and the rest go on elsewhere.
-        self._readers: list[Link] = []  # idle: no transaction open
+        self._readers = Readers(self._open_connection, config.dsn)
         # table (lower case) -> its paged read, rolled back should its caller go (mssql_held)
-        self._held = HeldReads(lambda link: self._release(link, rollback=True))
+        self._held = HeldReads(lambda link: self._readers.release(link, rollback=True))
         self._watch_link = Link(self._open_connection, config.dsn, "cdc-mssql-watch")
         tables = lambda: {described.info.table for described in self._tables.values()}  # noqa: E731
         self._watcher = VersionWatcher(lambda: self._watch_link.run(read_tick), tables)
@@ -97,8 +99,7 @@ class MssqlSource:
         await self._watcher.close()
         await self._watch_link.close()
         await self._held.settled()
-        links = [held.link for held in self._held.take_all()] + self._readers
-        self._readers = []
+        links = [held.link for held in self._held.take_all()] + self._readers.take_all()
         try:
             for link in links:
                 await link.close()  # rolls back an open transaction first
@@ -193,12 +194,12 @@ class MssqlSource:
         held = self._held.take(info.table.lower())
         if held is not None and held.continues(since, upto, after):
             link = held.link
-            page = await self._run_read(link, next_page(held, described, limit), info.table)
+            page = await self._readers.run(link, next_page(held, described, limit), info.table)
         else:
             if held is not None:
-                await self._release(held.link, rollback=True)  # the caller started another read
-            link = self._readers.pop() if self._readers else self._new_reader()
-            page = await self._run_read(link, first_page(described, since, limit, upto, after), info.table)
+                await self._readers.release(held.link, rollback=True)  # the caller started another read
+            link = self._readers.take()
+            page = await self._readers.run(link, first_page(described, since, limit, upto, after), info.table)
         rows = page.rows
         try:
             changes = [decode_change(described, since, row) for row in rows[:limit]]
@@ -206,10 +207,10 @@ class MssqlSource:
         except BaseException:
             # a table changed under the read, a cancellation, anything: the reader goes
             # back with its transaction rolled back, never left holding it (tempdb)
-            await self._release(link, rollback=True)
+            await self._readers.release(link, rollback=True)
             raise
         if len(rows) <= limit:
-            await self._release(link, rollback=False)  # committed with the last page
+            await self._readers.release(link, rollback=False)  # committed with the last page
             return ChangePage(rows=changes, next_version=page.bound)
         cursor = change_cursor(described.shape, rows[limit - 1])
         continued = HeldRead(link, page.conn, since, page.bound, cursor, page.column_ids, page.backlog_row)
@@ -228,32 +229,6 @@ class MssqlSource:
         [found] = await self._link.run(lambda conn: read_fingerprints(conn, [name]), info.table)
         if found is None or found.fingerprint != info.fingerprint:
             raise SchemaError(problem)
-
-    def _new_reader(self) -> Link:
-        return Link(self._open_connection, self.config.dsn, "cdc-mssql-read")
-
-    async def _run_read(self, link: Link, work: Callable[[Any], T], context: str) -> T:
-        """Run a page on a reader; an error returns the reader (its transaction
-        rolled back) to the idle ones, a cancellation closes it: the page may
-        still be running, and its transaction open, on the reader's thread."""
-        try:
-            return await link.run(work, context)
-        except CdcError:
-            self._readers.append(link)
-            raise
-        except BaseException:
-            await link.close()
-            raise
-
-    async def _release(self, link: Link, *, rollback: bool) -> None:
-        """Back to the idle readers, after rolling back its open transaction if asked."""
-        if rollback:
-            try:
-                await link.run(rollback_quietly)
-            except BaseException:
-                await link.close()
-                raise
-        self._readers.append(link)
 
     async def snapshot(self, info: TableInfo, *, page_size: int) -> AsyncIterator[SnapshotPage]:
         """The whole table in keyset pages at the version read first, in chunks
@@ -277,11 +252,11 @@ class MssqlSource:
         """The current rows of ``keys`` in one SNAPSHOT transaction, the
         version read first, on a reader (``mssql_keyed``)."""
         described = await self._tracked(info)
-        link = self._readers.pop() if self._readers else self._new_reader()
-        found = await self._run_read(
+        link = self._readers.take()
+        found = await self._readers.run(
             link, lambda conn: mssql_keyed.read_rows(conn, described, keys), info.table
         )
-        self._readers.append(link)  # committed (or rolled back, on an error) by mssql_keyed
+        self._readers.give_back(link)  # committed (or rolled back, on an error) by mssql_keyed
         await self._check_unreadable(described, found.rows)
         return found
 
@@ -300,7 +275,16 @@ class MssqlSource:
 
     async def tracking_enable(self, tables: Sequence[TableConfig]) -> list[str]:
         opener = self._open_connection  # ALLOW_SNAPSHOT_ISOLATION ON waits on a connection of its own
-        return await self._link.run(lambda conn: enable(conn, tables, self.config.retention, opener))
+
+        def checked_enable(conn: Any) -> list[str]:
+            mssql_grants.check_alterable(conn, tables)  # every table it may not ALTER at once, first
+            return enable(conn, tables, self.config.retention, opener)
+
+        return await self._link.run(checked_enable)
+
+    async def grant_runtime(self, tables: Sequence[TableConfig], role: str) -> list[str]:
+        """SELECT and VIEW CHANGE TRACKING on each table to the database user ``role``."""
+        return await self._link.run(lambda conn: mssql_grants.grant_runtime(conn, tables, role))
 
     async def tracking_disable(self, tables: Sequence[TableConfig]) -> list[str]:
         return await self._link.run(lambda conn: disable(conn, tables))

@@ -19,14 +19,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import pyodbc
+
 from cdc.config import TableConfig
 from cdc.durations import format_duration
-from cdc.errors import SchemaError, TrackingNotEnabled, UnsupportedType
+from cdc.errors import SchemaError, TrackingNotEnabled, TransientError, UnsupportedType
 from cdc.sources import mssql_sql as sql
 from cdc.sources import mssql_sql_catalog as catalog_sql
 from cdc.sources.base import Finding
 from cdc.sources.mssql_catalog import DescribedTable, TableName, describe, not_tracked, shape_change
-from cdc.sources.mssql_link import fetch_all, fetch_one
+from cdc.sources.mssql_errors import map_error
+from cdc.sources.mssql_grants import CURRENT_USER
+from cdc.sources.mssql_link import fetch_all, fetch_one, fetch_scalar
 from cdc.sources.mssql_tracking import database_settings
 
 
@@ -85,8 +89,20 @@ def doctor(
     conn: Any, tables: Sequence[TableConfig], retention: float, known: dict[str, DescribedTable]
 ) -> list[Finding]:
     findings = _database_findings(conn, retention)
+    user = fetch_scalar(
+        conn, CURRENT_USER
+    )  # the GRANTs name it; None: the statements say "<the sidecar's user>"
     for table_config in tables:
-        findings += _table_findings(conn, table_config, known.get(table_config.table.lower()))
+        try:
+            findings += _table_findings(
+                conn, table_config, known.get(table_config.table.lower()), None if user is None else str(user)
+            )
+        except pyodbc.Error as exc:
+            # a refusal (error 229, permission denied...) is a finding, not a crash; a lost link is raised
+            error = map_error(exc, "", f"doctor {table_config.table}")
+            if isinstance(error, TransientError):
+                raise
+            findings.append(Finding("error", table_config.table, f"cannot be checked: {error}"))
     return findings
 
 
@@ -106,30 +122,54 @@ def column_select(schema: str, name: str, columns: Sequence[str]) -> sql.Stateme
     return sql.Statement(_COLUMN_SELECT.format(rows=rows), (sql.qualified(schema, name), *columns))
 
 
-def _grant(permission: str, schema: str, name: str, columns: Sequence[str] = ()) -> str:
+def _grant(
+    permission: str, schema: str, name: str, columns: Sequence[str] = (), user: str | None = None
+) -> str:
     listed = f" ({', '.join(sql.quote(c) for c in columns)})" if columns else ""
-    return f"GRANT {permission} ON {sql.qualified(schema, name)}{listed} TO <the sidecar's user>"
+    principal = sql.quote(user) if user else "<the sidecar's user>"
+    return f"GRANT {permission} ON {sql.qualified(schema, name)}{listed} TO {principal}"
 
 
-def view_tracking_findings(table_config: TableConfig, can_view: Any) -> list[Finding]:
+def view_tracking_findings(
+    table_config: TableConfig, can_view: Any, user: str | None = None
+) -> list[Finding]:
     """The VIEW CHANGE TRACKING check: without it CHANGE_TRACKING_MIN_VALID_VERSION is NULL."""
     if can_view is None:
-        return [Finding("error", table_config.table, "the table does not exist, or the login cannot see it")]
+        # SQL Server hides an object from a login with no permission on it ("Metadata
+        # Visibility Configuration", learn.microsoft.com): OBJECT_ID is NULL either way
+        grants = [
+            _grant(p, table_config.schema, table_config.name, user=user)
+            for p in ("SELECT", "VIEW CHANGE TRACKING")
+        ]
+        return [
+            Finding(
+                "error",
+                table_config.table,
+                "the table does not exist, or the login has no permission on it (SQL Server then hides it): "
+                f"if it exists, {'; '.join(grants)}",
+                {"grant": "; ".join(grants)},
+            )
+        ]
     if can_view:
         return []
-    grant = _grant("VIEW CHANGE TRACKING", table_config.schema, table_config.name)
+    grant = _grant("VIEW CHANGE TRACKING", table_config.schema, table_config.name, user=user)
     return [
         Finding(
             "error",
             table_config.table,
             f"the login lacks the VIEW CHANGE TRACKING permission on it (CHANGE_TRACKING_MIN_VALID_VERSION "
             f"reads NULL, so no change can be read): {grant}",
+            {"grant": grant},
         )
     ]
 
 
 def column_findings(
-    table_config: TableConfig, key: Sequence[str], columns: Sequence[str], rows: Sequence[Any]
+    table_config: TableConfig,
+    key: Sequence[str],
+    columns: Sequence[str],
+    rows: Sequence[Any],
+    user: str | None = None,
 ) -> list[Finding]:
     """The SELECT check, from ``column_select``'s rows: each key or published
     column the login may not SELECT is named, with the GRANT that fixes it."""
@@ -149,9 +189,12 @@ def column_findings(
                 "error",
                 table_config.table,
                 f"the login lacks SELECT on {what}: the reads select every key and published column. "
-                f"{_grant('SELECT', table_config.schema, table_config.name, denied)} (or SELECT on the table), "
+                f"{_grant('SELECT', table_config.schema, table_config.name, denied, user)} (or SELECT on the table), "
                 "or leave published columns out of `columns:`",
-                {"columns_without_select": denied},
+                {
+                    "columns_without_select": denied,
+                    "grant": _grant("SELECT", table_config.schema, table_config.name, denied, user),
+                },
             )
         )
     if unknown:
@@ -165,10 +208,12 @@ def column_findings(
     return out
 
 
-def _table_findings(conn: Any, table_config: TableConfig, known: DescribedTable | None) -> list[Finding]:
+def _table_findings(
+    conn: Any, table_config: TableConfig, known: DescribedTable | None, user: str | None
+) -> list[Finding]:
     # (table-level SELECT, VIEW CHANGE TRACKING): only the second is used; SELECT is checked per column
     _, can_view = fetch_one(conn, catalog_sql.table_permissions(table_config.schema, table_config.name))
-    out = view_tracking_findings(table_config, can_view)
+    out = view_tracking_findings(table_config, can_view, user)
     try:
         described = describe(
             conn, TableName(table_config.table, table_config.schema, table_config.name), table_config.columns
@@ -178,7 +223,7 @@ def _table_findings(conn: Any, table_config: TableConfig, known: DescribedTable 
         return out
     info = described.info
     rows = fetch_all(conn, column_select(table_config.schema, table_config.name, info.column_names))
-    out += column_findings(table_config, info.primary_key, info.column_names, rows)
+    out += column_findings(table_config, info.primary_key, info.column_names, rows, user)
     if not described.tracked:
         out.append(
             Finding(

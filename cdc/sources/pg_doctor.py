@@ -1,25 +1,24 @@
 """``cdc doctor`` for PostgreSQL: what will go wrong, found before it does.
 
 Transactions old enough to hold every table's changes back, commits shown
-before they are durable, and per table: tracking installed, triggers in
-place, and the privileges to read the table and its tracking.
+before they are durable, each privilege the role lacks (to read the tables
+and their tracking, and to run the retention cleanup) with the GRANT that
+gives it (``pg_grants``), and per table: tracking installed, triggers in
+place.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import psycopg
+
 from cdc.config import TableConfig
-from cdc.sources import pg_status, pg_tracking
+from cdc.sources import pg_grants, pg_status
 from cdc.sources.base import Finding
 from cdc.sources.pg_catalog import Connection
+from cdc.sources.pg_grants import SHARED, Need
 from cdc.sources.pg_reads import read_bound
-
-# NULL when the schema does not exist. Asked before anything in the schema is
-# looked up: without USAGE, any lookup there fails ("permission denied for schema").
-_SCHEMA_USAGE = "select has_schema_privilege(oid, 'USAGE') from pg_namespace where nspname = %s"
-# NULL when the relation does not exist (the status finding says so).
-_CAN = "select has_table_privilege(to_regclass(format('%%I.%%I', %s::text, %s::text)), %s)"
 
 _OLD_TRANSACTIONS = """
     select (select extract(epoch from max(now() - xact_start)) from pg_stat_activity
@@ -28,60 +27,94 @@ _OLD_TRANSACTIONS = """
 """
 
 
-async def doctor(conn: Connection, schema: str, tables: Sequence[TableConfig]) -> list[Finding]:
-    """Every finding, read in the caller's transaction."""
+async def doctor(
+    conn: Connection, schema: str, tables: Sequence[TableConfig], *, cleanup: bool = True
+) -> list[Finding]:
+    """Every finding, read in the caller's transaction. ``cleanup``: whether
+    this sidecar runs the retention cleanup (``source.cleanup_interval`` > 0).
+
+    A privilege the role lacks is a finding, never an error that stops the
+    rest: each is checked with ``has_*_privilege`` (``pg_grants``), and the
+    tracking state of a table is only read where the role may read it (and
+    then inside a savepoint: a "permission denied" is a finding too)."""
     findings = await _transaction_findings(conn) + await _durability_findings(conn)
     version = await read_bound(conn)
+    role = await pg_grants.current_role(conn)
+    reads = pg_grants.read_needs(schema, tables)
+    functions = await pg_grants.cleanup_functions(conn, schema) if cleanup else []
+    cleans = pg_grants.cleanup_needs(schema, tables, functions)
+    lacking = await pg_grants.missing(conn, reads + cleans)
+    findings += [_privilege_finding(role, schema, need) for need in lacking]
+    findings += _cleanup_summary(schema, cleanup, functions, cleans, lacking)
     for table_config in tables:
-        findings += await _table_findings(conn, schema, table_config, version)
+        findings += await _table_findings(conn, schema, table_config, version, lacking)
     return findings
+
+
+def _privilege_finding(role: str, schema: str, need: Need) -> Finding:
+    grant = pg_grants.statement(need.grant(role))
+    extra = {"grant": grant, "privilege": need.privilege, "object": need.target, "cleanup": need.cleanup}
+    if need.cleanup:
+        return Finding(
+            "error",
+            need.subject,
+            f"the retention cleanup cannot run: role {role} lacks {need.privilege} on {need.target} "
+            f"({need.why}), so the tracking tables grow without bound: {grant} (or set "
+            f"source.cleanup_interval: 0 and run {schema}.cleanup(...) as the tables' owner)",
+            extra,
+        )
+    return Finding(
+        "error",
+        need.subject,
+        f"role {role} lacks {need.privilege} on {need.target} ({need.why}): {grant}",
+        extra,
+    )
+
+
+def _cleanup_summary(
+    schema: str, cleanup: bool, functions: Sequence[object], needs: Sequence[Need], lacking: Sequence[Need]
+) -> list[Finding]:
+    if not cleanup:
+        return [
+            Finding(
+                "ok",
+                "retention cleanup",
+                f"off (source.cleanup_interval: 0): run {schema}.cleanup(...) as the tables' owner, "
+                "or the tracking tables grow without bound",
+            )
+        ]
+    if not functions or any(n.cleanup for n in lacking):
+        return []  # not installed (the tracking findings say so), or each lack is its own finding
+    held = ", ".join(f"{n.privilege} on {n.target}" for n in needs)
+    return [Finding("ok", "retention cleanup", f"can run: the role holds {held}")]
 
 
 async def _table_findings(
-    conn: Connection, schema: str, table_config: TableConfig, version: int
+    conn: Connection, schema: str, table_config: TableConfig, version: int, lacking: Sequence[Need]
 ) -> list[Finding]:
-    missing = [name for name in dict.fromkeys((table_config.schema, schema)) if await _no_usage(conn, name)]
-    if missing:
-        grant = f"grant usage on schema {', '.join(missing)} to <the source user>"
+    """The table's tracking state, where the role may read it."""
+    blocked = [
+        n
+        for n in lacking
+        if not n.cleanup and (n.subject == SHARED or (n.kind == "schema" and n.schema == table_config.schema))
+    ]
+    if blocked:
+        what = ", ".join(f"{n.privilege} on {n.target}" for n in blocked)
         return [
-            Finding(
-                "error", table_config.table, f"the source user has no USAGE on schema {missing[0]}: {grant}"
-            )
-        ]
-    status = await pg_status.table_status(conn, schema, table_config, version)
-    extra = {"min_valid_version": status.min_valid_version}
-    findings = [Finding("ok" if status.enabled else "error", table_config.table, status.detail, extra)]
-    net = pg_tracking.net_table_name(table_config.schema, table_config.name)
-    for relation_schema, name, what in (
-        (table_config.schema, table_config.name, "the table"),
-        (schema, net, "its tracking"),
-    ):
-        if await _lacks(conn, relation_schema, name, "SELECT"):
-            findings.append(
-                Finding("error", table_config.table, f"the source user cannot SELECT from {what}")
-            )
-    if await _lacks(conn, schema, net, "DELETE") or await _lacks(conn, schema, "tracked_tables", "UPDATE"):
-        findings.append(
             Finding(
                 "warning",
                 table_config.table,
-                f"the retention cleanup will fail: the source user may not remove old entries of "
-                f"{schema}.{net} nor change {schema}.tracked_tables (grant it the DELETE privilege on the "
-                f"one and UPDATE on the other), or make source.cleanup_interval 0 and run "
-                f"{schema}.cleanup(...) as the tables' owner: else the tracking tables grow without bound",
+                f"its change tracking was not checked: that needs {what} (granted by the statements above)",
             )
-        )
-    return findings
-
-
-async def _no_usage(conn: Connection, schema: str) -> bool:
-    row = await (await conn.execute(_SCHEMA_USAGE, [schema])).fetchone()
-    return row is not None and row[0] is False
-
-
-async def _lacks(conn: Connection, schema: str, name: str, privilege: str) -> bool:
-    row = await (await conn.execute(_CAN, [schema, name, privilege])).fetchone()
-    return row is not None and row[0] is False
+        ]
+    try:
+        async with conn.transaction():  # a savepoint: a refusal leaves the doctor's transaction usable
+            status = await pg_status.table_status(conn, schema, table_config, version)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        detail = exc.diag.message_primary or str(exc).strip()
+        return [Finding("error", table_config.table, f"its change tracking cannot be read: {detail}")]
+    extra = {"min_valid_version": status.min_valid_version}
+    return [Finding("ok" if status.enabled else "error", table_config.table, status.detail, extra)]
 
 
 async def _durability_findings(conn: Connection) -> list[Finding]:

@@ -10,7 +10,7 @@ SQL Server one's:
 - ``pg_reads``: changes and snapshots, each in one snapshot;
 - ``pg_tracking``: the tracking ``cdc tracking enable`` installs;
 - ``pg_status``: whether a table's tracking is in place;
-- ``pg_doctor``: what will go wrong;
+- ``pg_doctor``: what will go wrong; ``pg_grants``: what the runtime role needs;
 - ``pg_sessions``: its connections, and the errors that leave them;
 - ``pg_types``: the type mapping; ``pg_listen``: wake-ups, and reads not sent.
 
@@ -56,7 +56,18 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from cdc.config import SourceConfig, TableConfig
-from cdc.sources import pg_catalog, pg_doctor, pg_keyed, pg_reads, pg_shape, pg_status, pg_tracking, pg_types
+from cdc.errors import SourceError
+from cdc.sources import (
+    pg_catalog,
+    pg_doctor,
+    pg_grants,
+    pg_keyed,
+    pg_reads,
+    pg_shape,
+    pg_status,
+    pg_tracking,
+    pg_types,
+)
 from cdc.sources.base import (
     ChangePage,
     Cursor,
@@ -266,6 +277,10 @@ class PostgresSource:
     async def tracking_enable(self, tables: Sequence[TableConfig]) -> list[str]:
         async with self._sessions.administering("enable change tracking") as conn:
             await pg_tracking.lock_schema(conn, self._schema)
+            refused = await pg_grants.not_owned(conn, tables)
+            if refused:  # all of them at once, before anything is installed
+                role = await pg_grants.current_role(conn)
+                raise SourceError(pg_grants.ownership_error(role, refused))
             await pg_tracking.install_schema(conn, self._schema)
             done = []
             for table_config in tables:
@@ -278,6 +293,12 @@ class PostgresSource:
                 pg_types.check_published(table_config, found)  # raising rolls back all of it
                 done.append(await pg_tracking.enable_table(conn, self._schema, found))
         return done
+
+    async def grant_runtime(self, tables: Sequence[TableConfig], role: str) -> list[str]:
+        """Grant ``role`` what ``cdc run`` needs on ``tables``, now and for what
+        is created later (``pg_grants.grant_runtime``)."""
+        async with self._sessions.administering(f"grant the runtime privileges to {role}") as conn:
+            return await pg_grants.grant_runtime(conn, self._schema, tables, role)
 
     async def tracking_disable(self, tables: Sequence[TableConfig]) -> list[str]:
         async with self._sessions.administering("disable change tracking") as conn:
@@ -296,4 +317,6 @@ class PostgresSource:
         """What the source can see: tracking installed, triggers in place, privileges,
         and transactions old enough to hold every table's changes back."""
         async with self._sessions.reading("doctor") as conn:
-            return await pg_doctor.doctor(conn, self._schema, tables)
+            return await pg_doctor.doctor(
+                conn, self._schema, tables, cleanup=self._config.cleanup_interval > 0
+            )

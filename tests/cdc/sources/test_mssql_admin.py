@@ -213,7 +213,7 @@ def test_a_column_without_select_is_named_with_its_grant() -> None:
     assert finding.level == "error" and finding.subject == "dbo.Forecasts"
     assert "published column(s) Price" in finding.message and "Status" not in finding.message
     assert "GRANT SELECT ON [dbo].[Forecasts] ([Price]) TO <the sidecar's user>" in finding.message
-    assert finding.extra == {"columns_without_select": ["Price"]}
+    assert finding.extra["columns_without_select"] == ["Price"]
 
 
 def test_a_key_column_without_select_is_named_as_a_key_column() -> None:

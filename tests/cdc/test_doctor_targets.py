@@ -1,0 +1,198 @@
+"""What ``cdc doctor`` and ``cdc validate`` say of the Redis target and of the
+config file's secrets, as a user runs them:
+
+- a replica as ``redis.url`` (a redis-server started with ``--replicaof`` the
+  fixture's): doctor reports an error and exits 1, validate refuses it (2);
+- an ACL user that may not run a command the sidecar sends (``ACL DRYRUN``);
+- a password written in the file (not from ``${VAR}``): a warning naming the
+  file, the line and the field, never the password.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from psycopg.conninfo import make_conninfo
+
+from cdc.config import parse_config
+from cdc.devservers import RedisServer
+from tests.e2e import config_text, create_tables, enable_tracking, make_config
+from tests.e2e import wait_for as wait_until
+
+SECRET = "Zq8-literal-Secret-5521"
+
+
+def cdc(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cdc.cli", "--text-logs", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def findings(result: subprocess.CompletedProcess[str]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for finding in json.loads(result.stdout):
+        out.setdefault(finding["subject"], []).append(finding)
+    return out
+
+
+@pytest.fixture
+async def tables(postgres_dsn: str, redis_url: str, pg_schema: str, namespace: str) -> str:
+    """Two tracked tables in ``pg_schema``; the config text's tables are these."""
+    await create_tables(postgres_dsn, pg_schema)
+    await enable_tracking(make_config(pg_schema, postgres_dsn, redis_url, namespace))
+    return pg_schema
+
+
+@pytest.fixture
+async def replica(redis_url: str, redis_client: aioredis.Redis) -> AsyncIterator[RedisServer]:
+    """A redis-server replicating the fixture's, its link up."""
+    port = redis_url.rsplit(":", 1)[1].split("/")[0]
+    server = RedisServer(extra=("--replicaof", "127.0.0.1", port)).start()
+    client = aioredis.Redis.from_url(server.url)
+
+    async def linked() -> bool:
+        info = await client.info("replication")
+        return bool(info.get("master_link_status") == "up")
+
+    try:
+        await wait_until(linked, 20, "the replica to link to its primary")
+        yield server
+    finally:
+        await client.aclose()
+        server.cleanup()
+
+
+async def test_a_replica_is_an_error_in_doctor_and_refused_by_validate(
+    tables: str, replica: RedisServer, postgres_dsn: str, namespace: str, redis_url: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text(config_text(tables, postgres_dsn, replica.url, namespace))
+    port = redis_url.rsplit(":", 1)[1].split("/")[0]
+
+    doctor = cdc("doctor", "-c", str(path), "--json")
+
+    assert doctor.returncode == 1, doctor.stderr
+    [role] = findings(doctor)["redis role"]
+    assert role["level"] == "error" and f"is a replica of 127.0.0.1:{port}" in role["message"]
+    assert "point redis.url at the primary" in role["message"]
+
+    validate = cdc("validate", "-c", str(path))
+
+    assert validate.returncode == 2, validate.stdout + validate.stderr
+    assert "error redis.url" in validate.stdout and "is a replica" in validate.stdout
+
+    path.write_text(config_text(tables, postgres_dsn, redis_url, namespace))
+    primary = cdc("doctor", "-c", str(path), "--json")
+    assert [f["level"] for f in findings(primary)["redis role"]] == ["ok"]
+    assert cdc("validate", "-c", str(path)).returncode == 0
+
+
+@pytest.fixture
+async def acl_user(redis_client: aioredis.Redis, namespace: str) -> AsyncIterator[str]:
+    """A user of the fixture's Redis that may do everything on the namespace but XADD."""
+    name = f"cdc_{uuid.uuid4().hex[:8]}"
+    await redis_client.execute_command(
+        "ACL", "SETUSER", name, "on", f">{SECRET}", f"~{namespace}:*", "&*", "+@all", "-xadd"
+    )
+    yield name
+    await redis_client.execute_command("ACL", "DELUSER", name)
+
+
+async def test_doctor_names_the_commands_the_acl_user_may_not_run_and_never_the_password(
+    tables: str, acl_user: str, postgres_dsn: str, namespace: str, redis_url: str, tmp_path: Path
+) -> None:
+    url = redis_url.replace("redis://", f"redis://{acl_user}:{SECRET}@")
+    path = tmp_path / "t.yaml"
+    path.write_text(config_text(tables, postgres_dsn, url, namespace))
+
+    doctor = cdc("doctor", "-c", str(path), "--json")
+
+    assert doctor.returncode == 1, doctor.stderr
+    found = findings(doctor)
+    [acl] = found["redis acl"]
+    assert acl["level"] == "error" and acl["extra"]["refused"] == ["XADD"]
+    [literal] = found["redis.url"]
+    line = next(
+        n for n, text in enumerate(path.read_text().splitlines(), 1) if text.strip().startswith("url:")
+    )
+    assert (
+        literal["level"] == "warning" and f"{path}:{line}: redis.url holds a password" in literal["message"]
+    )
+    text = cdc("doctor", "-c", str(path))
+    assert SECRET not in doctor.stdout + doctor.stderr + text.stdout + text.stderr
+
+
+async def test_a_password_written_in_source_dsn_is_a_warning_that_never_shows_it(
+    tables: str, postgres_dsn: str, namespace: str, redis_url: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "t.yaml"
+    literal = make_conninfo(postgres_dsn, password=SECRET)  # trust auth: the password is not checked
+    path.write_text(config_text(tables, literal, redis_url, namespace))
+
+    validate = cdc("validate", "-c", str(path))
+
+    assert validate.returncode == 0, validate.stdout + validate.stderr
+    line = next(
+        n for n, text in enumerate(path.read_text().splitlines(), 1) if text.strip().startswith("dsn:")
+    )
+    assert f"warn  {path}:{line}: source.dsn holds a password written in the file" in validate.stdout
+    assert SECRET not in validate.stdout + validate.stderr
+
+    path.write_text(config_text(tables, "${CDC_TEST_DSN}", redis_url, namespace))
+    from_env = cdc("validate", "-c", str(path), env={"CDC_TEST_DSN": literal})
+    assert from_env.returncode == 0 and "holds a password" not in from_env.stdout
+
+
+def _literal(dsn: str, url: str = "redis://127.0.0.1:6379/0") -> list[str]:
+    text = f"source:\n  kind: postgres\n  dsn: '{dsn}'\nredis:\n  url: '{url}'\ntables:\n  - table: a.b\n"
+    return [
+        f"{s.field}:{s.line}" for s in parse_config(text, "t.yaml", {"PW": "x", "DSN": "y"}).literal_secrets
+    ]
+
+
+@pytest.mark.parametrize(
+    ("dsn", "url", "expected"),
+    [
+        ("postgresql://u:${PW}@h/db", "redis://:${PW}@h:6379/0", []),
+        ("${DSN}", "${URL:-redis://127.0.0.1:6379/0}", []),
+        ("postgresql://u@h/db", "redis://h:6379/0", []),
+        ("postgresql://u:pw@h/db", "redis://h:6379/0", ["source.dsn:3"]),
+        ("host=h user=u password=pw", "redis://:pw@h:6379/0", ["source.dsn:3", "redis.url:5"]),
+        ("DRIVER={FreeTDS};SERVER=h;UID=sa;PWD=Secret1", "redis://h:6379/0", ["source.dsn:3"]),
+        ("DRIVER={FreeTDS};SERVER=h;UID=sa;PWD=${PW}", "redis://h:6379/0", []),
+        ("${DSN}", "${URL:-redis://u:pw@h:6379/0}", ["redis.url:5"]),  # the default is in the file
+        ("postgresql://u:pre${PW}@h/db", "redis://h:6379/0", ["source.dsn:3"]),  # a part written there
+    ],
+)
+def test_which_fields_hold_a_password_written_in_the_file(dsn: str, url: str, expected: list[str]) -> None:
+    assert _literal(dsn, url) == expected
+
+
+@pytest.mark.cluster
+async def test_every_primary_of_a_cluster_is_asked(redis_cluster_url: str, namespace: str) -> None:
+    """On a cluster the nodes the client writes to are its slot map's primaries:
+    each is asked for its role, and each runs the ACL check (SPUBLISH there)."""
+    from publishers import control
+    from publishers.manager import DataManager
+    from publishers.settings import RedisConfig
+
+    manager = await DataManager.connect(RedisConfig(url=redis_cluster_url, cluster=True, namespace=namespace))
+    try:
+        assert await control.primary_problems(manager) == []
+        found = {f.subject: f for f in await control.doctor(manager)}
+    finally:
+        await manager.close()
+    assert found["redis role"].level == "ok" and found["redis acl"].level == "ok", found
