@@ -56,9 +56,19 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from cdc.config import SourceConfig, TableConfig
-from cdc.sources import pg_catalog, pg_doctor, pg_reads, pg_shape, pg_status, pg_tracking, pg_types
+from cdc.sources import (
+    pg_catalog,
+    pg_doctor,
+    pg_reads,
+    pg_retention,
+    pg_shape,
+    pg_status,
+    pg_tracking,
+    pg_types,
+)
 from cdc.sources.base import (
     ChangePage,
+    CleanupScope,
     Cursor,
     Finding,
     SnapshotPage,
@@ -249,11 +259,13 @@ class PostgresSource:
             return set()
         return await self._listener.wait(timeout)
 
-    async def cleanup(self, retention: float) -> int:
+    async def cleanup(self, retention: float, scope: CleanupScope | None = None) -> int:
         """Delete tracking entries older than ``retention`` seconds that every reader
-        could have read; checkpoints before them expire."""
+        could have read; checkpoints before them expire. With ``scope``, of its
+        tables only, and never below another deployment's live claim
+        (``pg_retention``)."""
         async with self._sessions.administering("cleanup") as conn:
-            return await pg_tracking.cleanup(conn, self._schema, retention)
+            return await pg_retention.cleanup(conn, self._schema, retention, scope)
 
     # -- tracking administration ---------------------------------------------
 
