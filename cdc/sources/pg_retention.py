@@ -33,6 +33,12 @@ let the deployment with the shortest retention expire the others' checkpoints
   it in the registry (``expired_by``), so an expired checkpoint is told with
   its real cause (``pg_reads.check_window``).
 
+Cleanups run at once (sidecars start together, and each cleans at start)
+without deadlocking: each locks its tables' registry rows and upserts its
+claims in table order; the registry rows are locked FOR NO KEY UPDATE, which
+the claims' foreign-key checks (FOR KEY SHARE) do not wait for; lapsed claims
+are deleted SKIP LOCKED (another cleanup is deleting them).
+
 Only entries below the snapshot's ``xmin`` are deleted: their transactions
 have ended, so a reader whose checkpoint is at or above the highest deleted
 version has read them already, and any other reader is told its checkpoint
@@ -83,10 +89,12 @@ declare
     _cdc_horizon bigint := pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
 begin
     if for_deployment is not null then
-        delete from {claims} where expires_at < now();
+        delete from {claims} as c using (
+            select table_name, deployment from {claims} where expires_at < now() for update skip locked
+        ) as lapsed where c.table_name = lapsed.table_name and c.deployment = lapsed.deployment;
         insert into {claims} (table_name, deployment, retention, claimed_at, expires_at)
         select r.table_name, for_deployment, keep, now(), now() + claim_for
-          from {registry} r where r.table_name = any(only_tables)
+          from {registry} r where r.table_name = any(only_tables) order by r.table_name
         on conflict (table_name, deployment) do update
            set retention = excluded.retention, claimed_at = excluded.claimed_at,
                expires_at = excluded.expires_at;
@@ -98,7 +106,7 @@ begin
           from {registry} r
          where only_tables is null or r.table_name = any(only_tables)
          order by r.table_name
-           for update of r
+           for no key update of r
     loop
         execute format('with gone as (delete from %I.%I where changed_at < now() - $1 and version < $2'
                        ' returning version) select count(*), max(version) from gone',

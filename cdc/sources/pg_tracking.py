@@ -250,7 +250,7 @@ async def _register(conn: Connection, schema: str, table: CatalogTable, net: str
         sql.SQL(
             "insert into {} (table_name, net_table, min_valid_version, table_oid, expired_by)"
             " values (%s, %s, pg_current_xact_id()::text::bigint, %s,"
-            " format('change tracking was enabled again at %%s: its history restarted', {}))"
+            " format('change tracking was (re-)enabled at %%s: its history starts there', {}))"
             " on conflict (table_name) do update set net_table = excluded.net_table,"
             " min_valid_version = excluded.min_valid_version, enabled_at = now(), table_oid = excluded.table_oid,"
             " expired_by = excluded.expired_by"

@@ -7,6 +7,7 @@ cleanup did to its mirror: whether it re-snapshots, and why."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import replace
 from typing import Any
@@ -241,3 +242,25 @@ def test_the_scope_is_the_configs_tables_and_its_claim_outlives_a_run_missed() -
     assert scope.deployment == "ns at r:6380/3"
     assert scope.tables == ("s.items", "s.lines")
     assert scope.claim_for == config.source.retention + 2 * config.source.cleanup_interval
+
+
+async def test_cleanups_running_at_once_never_deadlock(
+    postgres_dsn: str, pg_schema: str, redis_url: str
+) -> None:
+    """Sidecars start together and each runs its cleanup at start: two
+    deployments sharing tables, two sidecars each, all at once, several times."""
+    await create_tables(postgres_dsn, pg_schema)
+    await execute(postgres_dsn, SOLO_DDL.format(s=pg_schema))
+    everything = ("items", "lines", "solo")
+    await enable_tracking(deployment(pg_schema, postgres_dsn, redis_url, "x", 1.0, everything))
+    configs = [
+        deployment(pg_schema, postgres_dsn, redis_url, "one", 3600.0, everything),
+        deployment(pg_schema, postgres_dsn, redis_url, "two", 1.0, everything[::-1]),
+    ]
+    jobs = [CleanupJob(config, Pipeline(config)) for config in configs * 2]
+    for _ in range(5):
+        await execute(
+            postgres_dsn, f"update {pg_schema}_trk.retention_claims set expires_at = now() - interval '1 s'"
+        )
+        await asyncio.gather(*(job.run() for job in jobs))
+        assert [job.pipeline.cleanup_error for job in jobs] == [None] * len(jobs)
