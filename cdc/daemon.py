@@ -30,7 +30,6 @@ import logging
 import os
 import signal
 import socket
-import time
 import uuid
 from typing import Any
 
@@ -38,6 +37,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from tenacity import AsyncRetrying, RetryCallState, RetryError, retry_if_exception_type, wait_random
 
 from cdc.balancer import Balancer, FairShare, Policy, TakeAll
+from cdc.cleanup_job import CleanupJob
 from cdc.config import Config
 from cdc.errors import CdcError, ConfigError, TransientError
 from cdc.health import HealthServer
@@ -54,9 +54,6 @@ SHUTDOWN_TIMEOUT = 30.0  # seconds the ordered shutdown may take before giving u
 # catalog query for all of them: ~1 ms on PostgreSQL): an added column, or a
 # table dropped and created again, reaches the documents within seconds.
 SHAPE_CHECK_INTERVAL = 2.0
-# Seconds between two warnings of the same cleanup failure (a role that may
-# not delete fails every cleanup_interval, down to every minute).
-CLEANUP_WARN_EVERY = 3600.0
 
 
 class Daemon:
@@ -82,7 +79,7 @@ class Daemon:
         self._tasks: list[asyncio.Task[None]] = []
         self._period = ttl / 3  # leases are renewed three times per TTL
         self._interrupts = 0
-        self._cleanup_warnings = _Throttled("tracking cleanup", CLEANUP_WARN_EVERY)
+        self.cleanup_job = CleanupJob(config, self.pipeline)
         self.dead_letter_mark: str | None = None  # (--once) the dead letter's last id at the start
 
     @property
@@ -278,7 +275,8 @@ class Daemon:
         self.scheduler.add_job(self._watch_shapes, "interval", seconds=SHAPE_CHECK_INTERVAL)
         interval = self.config.source.cleanup_interval
         if self.config.source.kind == "postgres" and interval > 0:
-            self.scheduler.add_job(self._cleanup, "interval", seconds=interval)
+            # at once too: the deployment's retention claim protects its tables from the start
+            self.scheduler.add_job(self._cleanup, "interval", seconds=interval, next_run_time=now)
         self.scheduler.start()
 
     async def _heartbeat(self) -> None:
@@ -295,42 +293,16 @@ class Daemon:
             log.debug("shape check failed", extra={"error": str(exc)})
 
     async def _cleanup(self) -> None:
-        """The source's retention cleanup. A failure (the source away, or a
-        role that may not delete the tracking entries) is a warning, never the
-        scheduler's traceback: the next run retries, and the tracking tables
-        grow meanwhile. The same failure again is told once per
-        ``CLEANUP_WARN_EVERY``, with how many times it happened."""
+        """The source's retention cleanup, scoped to this config's tables; a
+        failure is a state (``cdc.cleanup_job``), never the scheduler's traceback.
+        It runs at start-up too, so a shutdown (``--once``) may cut it short:
+        the scheduler's shutdown cancels it, its transaction rolls back, and
+        that is no error to log."""
         try:
-            deleted = await self.source.cleanup(self.config.source.retention)
-        except CdcError as exc:
-            self._cleanup_warnings.failed(str(exc))
-        except Exception as exc:  # a bug: told as loudly, without bringing the scheduler's traceback
-            log.error("tracking cleanup failed unexpectedly", extra={"error": repr(exc)})
-        else:
-            self._cleanup_warnings.succeeded()
-            log.info("tracking cleanup", extra={"deleted": deleted})
-
-
-class _Throttled:
-    """Warnings of a job that may fail at every run for the same reason."""
-
-    def __init__(self, what: str, every: float) -> None:
-        self.what, self.every = what, every
-        self.failures = 0  # in a row
-        self._told: tuple[str, float] | None = None  # the last error told, and when
-
-    def failed(self, error: str) -> None:
-        self.failures += 1
-        now = time.monotonic()
-        if self._told is not None and self._told[0] == error and now - self._told[1] < self.every:
-            return
-        self._told = (error, now)
-        log.warning(f"{self.what} failed", extra={"error": error, "failures_in_a_row": self.failures})
-
-    def succeeded(self) -> None:
-        if self.failures:
-            log.info(f"{self.what} works again", extra={"after_failures": self.failures})
-        self.failures, self._told = 0, None
+            await self.cleanup_job.run()
+        except asyncio.CancelledError:
+            if not self.stop_event.is_set():
+                raise
 
 
 def _log_upkeep_failure(state: RetryCallState) -> None:

@@ -52,6 +52,7 @@ from cdc.sources.base import ChangeSource, TableInfo
 from cdc.table_health import TableHealth
 from publishers import control
 from publishers.manager import DataManager
+from publishers.model import Checkpoint
 from publishers.retrying import equal_jitter
 
 log = logging.getLogger("cdc.tracker")
@@ -158,6 +159,7 @@ class ChangeTracker:
         streaming = checkpoint is not None and checkpoint.state == "streaming"
         self.position = checkpoint.version if streaming and checkpoint is not None else None
         self.line.reset(self.position)
+        self._snapshot_request = self._snapshot_request or _unfinished_snapshot(checkpoint)
 
     def request_snapshot(self, reason: str) -> None:
         """Re-snapshot at the next poll (``cdc snapshot`` asks through Redis)."""
@@ -330,6 +332,14 @@ class ChangeTracker:
         self._describe_request = self._describe_request or "a step failed"
         self.line.forget_reads()
         self.position = self.applied
+
+
+def _unfinished_snapshot(checkpoint: Checkpoint | None) -> str | None:
+    """Why a table taken on is snapshotted although it has a checkpoint (None: it is
+    streaming, or has none: "no checkpoint yet")."""
+    if checkpoint is None or checkpoint.state == "streaming":
+        return None
+    return f"its last snapshot did not finish (checkpoint state {checkpoint.state!r}): the sidecar stopped or lost the table"
 
 
 async def _pause_after_expiries(in_a_row: int, stop: asyncio.Event) -> None:

@@ -170,6 +170,18 @@ class TrackingStatus:
     detail: str = ""
 
 
+@dataclass(frozen=True)
+class CleanupScope:
+    """Whose retention cleanup it is (PostgreSQL; see ``cdc.sources.pg_retention``):
+    the deployment (its namespace and Redis server), the tables its config
+    mirrors (the only ones it cleans), and for how many seconds its claim on
+    their retention holds unless renewed."""
+
+    deployment: str
+    tables: tuple[str, ...]
+    claim_for: float
+
+
 @runtime_checkable
 class ChangeSource(Protocol):
     kind: str
@@ -245,9 +257,11 @@ class ChangeSource(Protocol):
 
     async def tracking_status(self, tables: Sequence[TableConfig]) -> list[TrackingStatus]: ...
 
-    async def cleanup(self, retention: float) -> int:
+    async def cleanup(self, retention: float, scope: CleanupScope | None = None) -> int:
         """Delete tracking entries older than ``retention`` seconds (where the
-        source owns its tracking); return how many were deleted."""
+        source owns its tracking): of ``scope``'s tables only, when given,
+        never below what another deployment's live claim keeps; return how
+        many were deleted."""
         ...
 
     async def doctor(self, tables: Sequence[TableConfig]) -> list[Finding]: ...

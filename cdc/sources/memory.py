@@ -43,6 +43,7 @@ from cdc.errors import (
 from cdc.sources.base import (
     ChangePage,
     ChangeRow,
+    CleanupScope,
     Column,
     Cursor,
     Finding,
@@ -242,12 +243,15 @@ class MemorySource(MemoryDatabase):
             statuses.append(TrackingStatus(table_config.table, t.tracked, minimum, self._version))
         return statuses
 
-    async def cleanup(self, retention: float) -> int:
-        """Drop entries older than ``retention`` seconds; each table's minimum
-        valid version rises over the highest version dropped."""
+    async def cleanup(self, retention: float, scope: CleanupScope | None = None) -> int:
+        """Drop entries older than ``retention`` seconds (of ``scope``'s tables
+        only, when given: one deployment per memory database, so no claims);
+        each table's minimum valid version rises over the highest version dropped."""
         cutoff = self._clock() - retention
         removed = 0
         for t in self._tables.values():
+            if scope is not None and t.name not in scope.tables:
+                continue
             expired = [e.version for log in t.log.values() for e in log if e.at <= cutoff]
             if expired:
                 t.min_valid_version = max(t.min_valid_version, max(expired))

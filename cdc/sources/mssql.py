@@ -36,7 +36,16 @@ from cdc.config import SourceConfig, TableConfig
 from cdc.errors import MissingColumn, SchemaError, TrackingNotEnabled
 from cdc.sources import mssql_grants, mssql_keyed
 from cdc.sources import mssql_sql as sql
-from cdc.sources.base import ChangePage, Cursor, Finding, KeyedRows, SnapshotPage, TableInfo, TrackingStatus
+from cdc.sources.base import (
+    ChangePage,
+    CleanupScope,
+    Cursor,
+    Finding,
+    KeyedRows,
+    SnapshotPage,
+    TableInfo,
+    TrackingStatus,
+)
 from cdc.sources.mssql_catalog import (
     DescribedTable,
     TableName,
@@ -268,8 +277,11 @@ class MssqlSource:
     def quiet_for(self, info: TableInfo, since: int) -> float:
         return self._watch.quiet_for(info, since)  # how long a read finds nothing (mssql_watcher)
 
-    async def cleanup(self, retention: float) -> int:
-        return 0  # SQL Server cleans its change tracking up itself (AUTO_CLEANUP)
+    async def cleanup(self, retention: float, scope: CleanupScope | None = None) -> int:
+        """Nothing to do, nor to scope: SQL Server cleans its change tracking up
+        itself (AUTO_CLEANUP), keeping the database's one CHANGE_RETENTION for
+        every tracked table (docs/SQLSERVER.md)."""
+        return 0
 
     # -- setting tracking up
 

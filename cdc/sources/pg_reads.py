@@ -95,14 +95,15 @@ def changes_query(
 
 def window_query(schema: str, info: TableInfo) -> sql.Composed:
     """This snapshot's bound (xmin - 1) and xmax, the table's registry entry (net
-    table, min_valid_version, the table object it was enabled for: read through
-    to_jsonb, as a registry not migrated yet has no table_oid), and the table
-    object the table's name stands for now. Parameter: "schema.name". Row
-    layout: ``Window``'s fields."""
+    table, min_valid_version, the table object it was enabled for, what raised
+    min_valid_version last: read through to_jsonb, as a registry not migrated
+    yet has no table_oid nor expired_by), and the table object the table's name
+    stands for now. Parameter: "schema.name". Row layout: ``Window``'s fields."""
     return sql.SQL(
         "select pg_snapshot_xmin(s)::text::bigint - 1 as bound, pg_snapshot_xmax(s)::text::bigint as xmax,"
         " r.net_table, r.min_valid_version, (to_jsonb(r) ->> 'table_oid')::oid as registered_oid,"
-        " to_regclass(quote_ident({}) || '.' || quote_ident({}))::oid as current_oid"
+        " to_regclass(quote_ident({}) || '.' || quote_ident({}))::oid as current_oid,"
+        " to_jsonb(r) ->> 'expired_by' as expired_by"
         " from pg_current_snapshot() as s left join {} as r on r.table_name = %s"
     ).format(sql.Literal(info.schema), sql.Literal(info.name), sql.Identifier(schema, "tracked_tables"))
 
@@ -117,6 +118,7 @@ class Window:
     min_valid: int | None
     registered_oid: int | None
     current_oid: int | None
+    expired_by: str | None = None  # what raised min_valid last (pg_retention); None: not recorded
 
 
 WINDOW_COLUMNS = len(fields(Window))
@@ -303,11 +305,12 @@ def check_window(info: TableInfo, since: int, window: Window) -> None:
         reason = f"the source's next transaction id {xmax} is not above the checkpoint {since}: restored?"
         raise TrackingExpired(info.table, reason)
     if since < min_valid:
-        reason = (
-            f"the checkpoint {since} is below the minimum valid version {min_valid}: "
+        cause = window.expired_by or (
             "entries were removed by retention cleanup or a TRUNCATE, or tracking was re-enabled"
         )
-        raise TrackingExpired(info.table, reason)
+        raise TrackingExpired(
+            info.table, f"the checkpoint {since} is below the minimum valid version {min_valid}: {cause}"
+        )
 
 
 def check_identity(info: TableInfo, current_oid: int | None) -> None:

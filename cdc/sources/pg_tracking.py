@@ -12,7 +12,9 @@ its own, in one schema (``cdc_tracking`` unless configured otherwise)::
     <schema>.on_truncate()       TRUNCATE: forgets the table's entries and raises
                                  its min_valid_version (a truncate is not tracked)
     <schema>.notify()            statement trigger: pg_notify('<schema>', 'schema.name')
-    <schema>.cleanup(interval)   retention: deletes old entries, raises min_valid_version
+    <schema>.retention_claims    per tracked table and deployment: the retention it needs
+    <schema>.cleanup(...)        retention: deletes old entries, raises min_valid_version
+                                 (``cdc.sources.pg_retention``: scoped to a deployment)
 
 A version is the writing transaction's id (``pg_current_xact_id()``). Readers
 only take entries below their snapshot's ``xmin``, where every transaction has
@@ -34,7 +36,8 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from cdc.errors import SchemaError, TrackingNotEnabled
+from cdc.errors import SchemaError
+from cdc.sources import pg_retention
 from cdc.sources.pg_catalog import CatalogTable, Connection, find_table
 
 # Columns of a net table besides the primary key: a source key column cannot share a name.
@@ -71,7 +74,8 @@ create table if not exists {registry} (
     net_table text not null unique,
     min_valid_version bigint not null,
     enabled_at timestamptz not null default now(),
-    table_oid oid  -- NULL: enabled by a version that did not record it
+    table_oid oid,  -- NULL: enabled by a version that did not record it
+    expired_by text  -- what raised min_valid_version last (pg_retention)
 )"""
 
 # Registries installed before table_oid existed gain it (NULL: not known).
@@ -89,38 +93,14 @@ declare
 begin
     for _cdc_net in
         update {registry}
-           set min_valid_version = greatest(min_valid_version, pg_current_xact_id()::text::bigint)
+           set min_valid_version = greatest(min_valid_version, pg_current_xact_id()::text::bigint),
+               expired_by = format('a TRUNCATE at %s removed every entry', {now})
          where table_oid = TG_RELID or (table_oid is null and table_name = TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME)
         returning net_table
     loop
         execute format('delete from %I.%I', {schema}, _cdc_net);
     end loop;
     return null;
-end"""
-
-# Only entries below the snapshot's xmin are deleted: their transactions have
-# ended, so a reader whose checkpoint is at or above the highest deleted version
-# has read them already, and any other reader is told its checkpoint expired.
-_CLEANUP = """
-declare
-    _cdc_table record;
-    _cdc_count bigint;
-    _cdc_top bigint;
-    _cdc_total bigint := 0;
-    _cdc_horizon bigint := pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
-begin
-    for _cdc_table in select table_name, net_table from {registry} order by table_name for update loop
-        execute format('with gone as (delete from %I.%I where changed_at < now() - $1 and version < $2'
-                       ' returning version) select count(*), max(version) from gone',
-                       {schema}, _cdc_table.net_table)
-           into _cdc_count, _cdc_top using retention, _cdc_horizon;
-        if _cdc_count > 0 then
-            update {registry} set min_valid_version = greatest(min_valid_version, _cdc_top)
-             where table_name = _cdc_table.table_name;
-            _cdc_total := _cdc_total + _cdc_count;
-        end if;
-    end loop;
-    return _cdc_total;
 end"""
 
 
@@ -141,15 +121,29 @@ async def install_schema(conn: Connection, schema: str) -> None:
     await conn.execute(sql.SQL("create schema if not exists {}").format(ident))
     await conn.execute(sql.SQL(_REGISTRY).format(registry=registry))
     await conn.execute(sql.SQL(_MIGRATE_REGISTRY).format(registry=registry))
+    await conn.execute(sql.SQL(pg_retention.MIGRATE_REGISTRY).format(registry=registry))
+    claims = sql.Identifier(schema, pg_retention.CLAIMS)
+    await conn.execute(sql.SQL(pg_retention.CLAIMS_TABLE).format(claims=claims, registry=registry))
+    now = sql.SQL(pg_retention.NOW_TEXT)
     bodies = {
         "notify": (sql.SQL(_NOTIFY).format(channel=literal), False),
-        "on_truncate": (sql.SQL(_ON_TRUNCATE).format(registry=registry, schema=literal), True),
+        "on_truncate": (sql.SQL(_ON_TRUNCATE).format(registry=registry, schema=literal, now=now), True),
     }
     for name, (body, definer) in bodies.items():
         await conn.execute(_function(conn, sql.Identifier(schema, name), "", "trigger", body, definer))
-    cleanup = sql.SQL(_CLEANUP).format(registry=registry, schema=literal)
+    await _install_cleanup(conn, schema)
+
+
+async def _install_cleanup(conn: Connection, schema: str) -> None:
+    """The sidecar's scoped cleanup and the 0.2 one-argument form, which calls it
+    (``pg_retention``). Run with the caller's rights: a source user that may not
+    delete the entries cannot make another role do it."""
     fn = sql.Identifier(schema, "cleanup")
-    await conn.execute(_function(conn, fn, "retention interval", "bigint", cleanup, False))
+    scoped_args = "keep interval, for_deployment text, only_tables text[], claim_for interval"
+    scoped = pg_retention.scoped_body(schema)
+    await conn.execute(_function(conn, fn, scoped_args, "bigint", scoped, False))
+    unscoped = pg_retention.unscoped_body(schema)
+    await conn.execute(_function(conn, fn, "retention interval", "bigint", unscoped, False))
 
 
 async def lock_schema(conn: Connection, schema: str) -> None:
@@ -254,11 +248,13 @@ async def _register(conn: Connection, schema: str, table: CatalogTable, net: str
     """(Re)start the table's history: checkpoints from before this transaction are invalid."""
     await conn.execute(
         sql.SQL(
-            "insert into {} (table_name, net_table, min_valid_version, table_oid)"
-            " values (%s, %s, pg_current_xact_id()::text::bigint, %s)"
+            "insert into {} (table_name, net_table, min_valid_version, table_oid, expired_by)"
+            " values (%s, %s, pg_current_xact_id()::text::bigint, %s,"
+            " format('change tracking was (re-)enabled at %%s: its history starts there', {}))"
             " on conflict (table_name) do update set net_table = excluded.net_table,"
-            " min_valid_version = excluded.min_valid_version, enabled_at = now(), table_oid = excluded.table_oid"
-        ).format(sql.Identifier(schema, "tracked_tables")),
+            " min_valid_version = excluded.min_valid_version, enabled_at = now(), table_oid = excluded.table_oid,"
+            " expired_by = excluded.expired_by"
+        ).format(sql.Identifier(schema, "tracked_tables"), sql.SQL(pg_retention.NOW_TEXT)),
         [table.qualified, net, table.oid],
     )
 
@@ -443,13 +439,3 @@ async def trigger_states(conn: Connection, schema: str, table_oid: int) -> dict[
     ).fetchall()
     found = {name: str(enabled) for name, enabled in rows}
     return {name: found.get(name, "") for name in names}
-
-
-async def cleanup(conn: Connection, schema: str, retention: float) -> int:
-    """Delete tracking entries older than ``retention`` seconds that every reader
-    could have read; checkpoints before them expire."""
-    if not await installed(conn, schema):
-        raise TrackingNotEnabled(f"change tracking is not installed (no schema {schema})")
-    query = sql.SQL("select {}(make_interval(secs => %s))").format(sql.Identifier(schema, "cleanup"))
-    row = await (await conn.execute(query, [retention])).fetchone()
-    return int(row[0]) if row else 0

@@ -63,6 +63,7 @@ from cdc.sources import (
     pg_grants,
     pg_keyed,
     pg_reads,
+    pg_retention,
     pg_shape,
     pg_status,
     pg_tracking,
@@ -70,6 +71,7 @@ from cdc.sources import (
 )
 from cdc.sources.base import (
     ChangePage,
+    CleanupScope,
     Cursor,
     Finding,
     KeyedRows,
@@ -266,11 +268,13 @@ class PostgresSource:
             return set()
         return await self._listener.wait(timeout)
 
-    async def cleanup(self, retention: float) -> int:
+    async def cleanup(self, retention: float, scope: CleanupScope | None = None) -> int:
         """Delete tracking entries older than ``retention`` seconds that every reader
-        could have read; checkpoints before them expire."""
+        could have read; checkpoints before them expire. With ``scope``, of its
+        tables only, and never below another deployment's live claim
+        (``pg_retention``)."""
         async with self._sessions.administering("cleanup") as conn:
-            return await pg_tracking.cleanup(conn, self._schema, retention)
+            return await pg_retention.cleanup(conn, self._schema, retention, scope)
 
     # -- tracking administration ---------------------------------------------
 

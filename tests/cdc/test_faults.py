@@ -456,6 +456,10 @@ async def test_tracking_cleaned_up_past_the_checkpoint_is_snapshotted_again(
             await conn.execute(f"update {pg_schema}.lines set qty = qty + 100 where order_id > 15")
             await conn.execute(f"update {pg_schema}.items set qty = -qty where id > 50")
             await conn.execute(f"insert into {pg_schema}.lines values (99, 1, 'new', 1)")
+            # stopped for longer than its retention: the claim its start-up cleanup made has lapsed
+            await conn.execute(
+                f"update {pg_schema}_trk.retention_claims set expires_at = now() - interval '1s'"
+            )
             cleaned = await (await conn.execute(f"select {pg_schema}_trk.cleanup('0 seconds')")).fetchone()
             assert cleaned is not None and cleaned[0] > 0
             expired = await (

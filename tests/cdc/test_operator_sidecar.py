@@ -21,7 +21,7 @@ from pathlib import Path
 import psycopg
 import pytest
 import redis.asyncio as aioredis
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from cdc.config import load_config
 from cdc.daemon import Daemon
@@ -168,7 +168,7 @@ def reader_role(postgres_dsn: str, pg_schema: str) -> str:
     return make_conninfo(postgres_dsn, user=role)
 
 
-async def test_a_cleanup_the_role_may_not_do_is_a_warning_never_a_traceback(
+async def test_a_cleanup_the_role_may_not_do_is_a_state_until_granted_never_a_traceback(
     tracked: list[str],
     postgres_dsn: str,
     pg_schema: str,
@@ -177,30 +177,52 @@ async def test_a_cleanup_the_role_may_not_do_is_a_warning_never_a_traceback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A sidecar streams with a role that may not delete the tracking
-    entries. Its scheduler runs the cleanup job (now rather than after
-    cleanup_interval), three times: one warning naming why, then the same
-    failure is not told again at every run; the scheduler logs nothing."""
+    entries. Its scheduler runs the cleanup job at start, then (now rather than
+    after cleanup_interval) twice more: the pipeline's cleanup_error says why
+    and how to grant it, cdc_cleanup_failing is 1, and the log has one line,
+    not one per run; the scheduler logs nothing. Granted what the message
+    says, the next run works: the state clears, the metric is 0, the last
+    success is set, and the log says so once."""
     config = make_config(pg_schema, postgres_dsn, redis_url, namespace)
     await enable_tracking(config)
-    reader = replace(config, source=replace(config.source, dsn=reader_role(postgres_dsn, pg_schema)))
-    caplog.set_level(logging.INFO, logger="cdc.daemon")
+    reader_dsn = reader_role(postgres_dsn, pg_schema)
+    reader = replace(config, source=replace(config.source, dsn=reader_dsn))
+    caplog.set_level(logging.INFO, logger="cdc")
     daemon = Daemon(reader)
+    metrics = daemon.pipeline.metrics
     task = asyncio.create_task(daemon.run())
     try:
         await wait_for(_scheduler_running(daemon), 30, "the sidecar's scheduler")
+        await wait_for(_cleanup_failed(daemon, 1), 30, "the first cleanup to fail")
         assert daemon.scheduler is not None
         (job,) = [job for job in daemon.scheduler.get_jobs() if job.func == daemon._cleanup]
-        for run in range(1, 4):
+        for run in range(2, 4):
             job.modify(next_run_time=datetime.now(UTC))
             await wait_for(_cleanup_failed(daemon, run), 30, f"cleanup run {run} to fail")
+        error = daemon.pipeline.cleanup_error
+        assert (
+            error is not None
+            and "permission denied" in error
+            and "may not run the retention cleanup" in error
+        )
+        assert metrics.cleanup_failing._value.get() == 1
+        assert metrics.cleanup_last_success._value.get() == 0
+        role = conninfo_to_dict(reader_dsn)["user"]
+        grants = error.split("As the tables' owner: ")[1].split("; or set")[0]
+        with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+            for statement in grants.split("; "):
+                assert f'to "{role}"' in statement, statement
+                conn.execute(statement.encode())
+        job.modify(next_run_time=datetime.now(UTC))
+        await wait_for(_cleanup_works(daemon), 30, "the cleanup to work once granted")
     finally:
         daemon.request_stop()
         await task
-    warnings = [r for r in caplog.records if r.getMessage() == "tracking cleanup failed"]
-    assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
-    assert warnings[0].levelno == logging.WARNING and "permission denied" in str(
-        warnings[0].__dict__["error"]
-    )
+    assert metrics.cleanup_failing._value.get() == 0
+    assert metrics.cleanup_last_success._value.get() > 0
+    messages = [r.getMessage() for r in caplog.records if r.name == "cdc.cleanup"]
+    assert messages.count("tracking cleanup fails: nothing is removed until it runs") == 1, messages
+    assert messages.count("tracking cleanup works again") == 1, messages
     assert not [r for r in caplog.records if r.exc_info or r.name.startswith("apscheduler")]
 
 
@@ -213,6 +235,13 @@ def _scheduler_running(daemon: Daemon) -> Callable[[], Awaitable[bool]]:
 
 def _cleanup_failed(daemon: Daemon, times: int) -> Callable[[], Awaitable[bool]]:
     async def failed() -> bool:
-        return daemon._cleanup_warnings.failures >= times
+        return daemon.cleanup_job.failures >= times
 
     return failed
+
+
+def _cleanup_works(daemon: Daemon) -> Callable[[], Awaitable[bool]]:
+    async def works() -> bool:
+        return daemon.cleanup_job.failures == 0 and daemon.pipeline.cleanup_error is None
+
+    return works

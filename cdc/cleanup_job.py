@@ -1,0 +1,100 @@
+"""The sidecar's retention cleanup (PostgreSQL), run every ``source.cleanup_interval``.
+
+Scoped to the deployment (``cdc.sources.pg_retention``): the tables of this
+config only, each kept as long as the longest retention that a deployment
+mirroring it claims. This job renews the deployment's claim at every run; the
+claim lasts ``retention + 2 * cleanup_interval``, so one failed run does not
+let it lapse.
+
+A cleanup that fails (the source away; a source user that may not delete the
+entries; a tracking schema from before 0.3) is a state, not a traceback per
+interval: ``Pipeline.cleanup_error`` (shown by ``/readyz``) and
+``cdc_cleanup_failing`` say so while it lasts, ``cdc_cleanup_last_success_timestamp_seconds``
+says since when; the log has one line when it starts failing (why, and the
+fix), a reminder every ``REMIND_EVERY`` while it goes on, and one line when it
+works again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from urllib.parse import parse_qs, urlsplit
+
+from cdc.config import Config
+from cdc.errors import CdcError
+from cdc.pipeline import Pipeline
+from cdc.sources.base import CleanupScope
+from publishers.settings import RedisConfig
+
+log = logging.getLogger("cdc.cleanup")
+
+# Seconds between two reminders of a cleanup that goes on failing (it may run
+# every minute: a line per run would bury the rest of the log).
+REMIND_EVERY = 3600.0
+
+
+def deployment_name(redis: RedisConfig) -> str:
+    """Who claims a retention: the namespace and the Redis server it lives on
+    (two configs writing one namespace of one Redis are one deployment). No
+    user name nor password: it is stored in the source database."""
+    parts = urlsplit(redis.url)
+    if parts.scheme == "unix":  # the query may hold a password: only its database
+        where = f"{parts.path}/{parse_qs(parts.query).get('db', ['0'])[0]}"
+    else:
+        host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
+        where = f"{host}:{parts.port or 6379}/{parts.path.strip('/') or '0'}"
+    return f"{redis.namespace} at {'cluster ' if redis.cluster else ''}{where}"
+
+
+def cleanup_scope(config: Config) -> CleanupScope:
+    """This config's tables and claim (see the module docstring)."""
+    return CleanupScope(
+        deployment=deployment_name(config.redis),
+        tables=tuple(t.table for t in config.tables),
+        claim_for=config.source.retention + 2 * config.source.cleanup_interval,
+    )
+
+
+class CleanupJob:
+    """One deployment's cleanup runs and the state they leave (module docstring)."""
+
+    def __init__(self, config: Config, pipeline: Pipeline) -> None:
+        self.retention = config.source.retention
+        self.scope = cleanup_scope(config)
+        self.pipeline = pipeline
+        self.failures = 0  # in a row
+        self._reminded = 0.0  # time.monotonic() of the last line about the current failure
+
+    async def run(self) -> None:
+        try:
+            deleted = await self.pipeline.source.cleanup(self.retention, self.scope)
+        except CdcError as exc:
+            self._failed(str(exc))
+        except Exception as exc:  # a bug: a state too, told as loudly, without the scheduler's traceback
+            self._failed(f"unexpected error (a bug: please report it): {exc!r}")
+        else:
+            self._succeeded(deleted)
+
+    def _failed(self, reason: str) -> None:
+        self.failures += 1
+        self.pipeline.cleanup_error = reason
+        self.pipeline.metrics.cleanup_failing.set(1)
+        now = time.monotonic()
+        if self.failures == 1:
+            self._reminded = now
+            log.error("tracking cleanup fails: nothing is removed until it runs", extra={"error": reason})
+        elif now - self._reminded >= REMIND_EVERY:
+            self._reminded = now
+            log.warning(
+                "tracking cleanup still fails", extra={"error": reason, "failures_in_a_row": self.failures}
+            )
+
+    def _succeeded(self, deleted: int) -> None:
+        if self.failures:
+            log.info("tracking cleanup works again", extra={"after_failures": self.failures})
+        self.failures = 0
+        self.pipeline.cleanup_error = None
+        self.pipeline.metrics.cleanup_failing.set(0)
+        self.pipeline.metrics.cleanup_last_success.set(time.time())
+        log.info("tracking cleanup", extra={"deleted": deleted, "deployment": self.scope.deployment})
