@@ -141,7 +141,8 @@ def typed_snapshot(progress: Mapping[str, str] | None) -> dict[str, int | None] 
 
 def typed_worker(fields: Mapping[str, str]) -> dict[str, Any]:
     """A heartbeat's fields as JSON values: ``tables`` a list, counts and
-    times numbers, null where a field is empty or unreadable; others as written."""
+    times numbers, null where a field is empty or unreadable; errors with
+    passwords masked; others as written."""
     out: dict[str, Any] = {}
     for name, value in fields.items():
         if name == "tables":
@@ -150,6 +151,8 @@ def typed_worker(fields: Mapping[str, str]) -> dict[str, Any]:
             out[name] = _integer(value)
         elif name in WORKER_FLOATS:
             out[name] = _number(value)
+        elif name.startswith("error:"):
+            out[name] = mask_passwords(value)  # as each table's ``error``
         else:
             out[name] = value
     out.setdefault("tables", [])

@@ -170,6 +170,7 @@ def test_worker_fields_are_typed_and_unknown_ones_are_null() -> None:
         "age": "0.4",
         "applied:s.a": "7",
         "state:s.a": "streaming",
+        "error:s.b": "cannot connect to postgresql://app:s3cret@db/x",
     }
     assert typed_worker(heartbeat) == {
         "id": "w-1",
@@ -181,6 +182,7 @@ def test_worker_fields_are_typed_and_unknown_ones_are_null() -> None:
         "age": 0.4,
         "applied:s.a": 7,
         "state:s.a": "streaming",
+        "error:s.b": "cannot connect to postgresql://app:***@db/x",
     }
     assert typed_worker({"id": "w-2", "tables": ""})["tables"] == []
     assert typed_worker({"id": "w-3"})["tables"] == []
