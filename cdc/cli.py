@@ -168,9 +168,11 @@ def snapshot(config_path: str, table: str | None) -> None:
 @config_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def status(config_path: str, as_json: bool) -> None:
-    """Per table: checkpoint, source version, lag, state, the sidecar that owns it
-    and that sidecar's view (worker state, error); and the workers' heartbeats."""
-    from cdc.commands import status as do_status
+    """Per table: checkpoint, source version, lag, state, dead letters, the sidecar
+    that owns it and that sidecar's view (worker state, error); and the workers'
+    heartbeats. The source unreachable: all of that but the source's version,
+    then exit 3."""
+    from cdc.status_cmd import status as do_status
 
     sys.exit(_run(do_status(_load(config_path), as_json=as_json)))
 

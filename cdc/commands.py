@@ -8,7 +8,6 @@ import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -22,9 +21,6 @@ from cdc.sources.base import ChangeSource, Finding
 from publishers import control
 from publishers.manager import DataManager
 from publishers.redaction import mask_passwords
-
-if TYPE_CHECKING:
-    from rich.table import Table
 
 # The cyclic garbage collector's thresholds for the sidecar. Every change is a
 # few short-lived containers (rows, dicts, tuples), none of them cyclic, while
@@ -285,126 +281,6 @@ async def _snapshot_here(config: Config, tables: list[str]) -> None:
         finally:
             for table in list(leases.tokens):
                 await leases.release(table)
-
-
-# -- status --------------------------------------------------------------------
-
-# How much of a degraded table's error the table view shows (``--json`` has it whole).
-ERROR_SHOWN = 200
-
-
-async def status(config: Config, *, as_json: bool = False) -> int:
-    """Per table: the checkpoint in Redis (``state`` is the checkpoint's), the
-    source's version, and the live view of the sidecar holding its lease:
-    ``owner``, ``worker_state`` and ``error`` from that sidecar's heartbeat."""
-    async with connected(config) as (source, manager):
-        assert manager is not None
-        try:
-            current: int | None = await source.current_version()
-        except TransientError:
-            current = None
-        owned = await control.ownership(manager, [t.table for t in config.tables])
-        rows = []
-        for table_config in config.tables:
-            checkpoint = await manager.get_checkpoint(table_config.table)
-            version = checkpoint.version if checkpoint else None
-            ownership = owned.get(table_config.table)
-            rows.append(
-                {
-                    "table": table_config.table,
-                    "state": checkpoint.state if checkpoint else "no checkpoint",
-                    "checkpoint": version,
-                    "source_version": current,
-                    "lag_versions": None if version is None or current is None else max(0, current - version),
-                    "updated_at": checkpoint.updated_at if checkpoint else None,
-                    "snapshot": await control.snapshot_progress(manager, table_config.table),
-                    "owner": ownership.owner if ownership else None,
-                    "worker_state": ownership.state if ownership else None,
-                    "error": mask_passwords(ownership.error) if ownership and ownership.error else None,
-                }
-            )
-        workers = await control.workers(manager)
-    if as_json:
-        _print(orjson.dumps({"tables": rows, "workers": workers}).decode())
-    else:
-        _print_status(rows, workers)
-    return 0
-
-
-def short_error(error: str, limit: int = ERROR_SHOWN) -> str:
-    """The first line of ``error`` (a driver's later lines repeat the statement
-    or point into it), at most ``limit`` characters."""
-    first = next((line.strip() for line in error.splitlines() if line.strip()), "")
-    return first if len(first) <= limit else first[: limit - 1].rstrip() + "…"
-
-
-def _print_status(rows: list[dict[str, Any]], workers: list[dict[str, str]]) -> None:
-    from rich.console import Console
-
-    console = Console()
-    console.print(_tables_view(rows))
-    if any(row["error"] for row in rows):
-        console.print(_errors_view(rows))
-    console.print(_workers_view(workers))
-
-
-def _tables_view(rows: list[dict[str, Any]]) -> Table:
-    """One line per table; a degraded one in red (its error in ``_errors_view``)."""
-    from rich.table import Table
-
-    table = Table(title="tables")
-    columns = ("table", "state", "checkpoint", "source", "lag (versions)", "updated", "snapshot")
-    for column in columns:
-        table.add_column(column)
-    for column in ("owner", "worker state"):
-        table.add_column(column, overflow="fold")  # a worker id cut short names nobody
-    for row in rows:
-        snap = row["snapshot"] or {}
-        progress = f"{snap.get('rows', '')}/{snap.get('total', '?')}" if snap else ""
-        table.add_row(
-            row["table"],
-            row["state"],
-            str(row["checkpoint"]),
-            str(row["source_version"]),
-            str(row["lag_versions"]),
-            str(row["updated_at"] or ""),
-            progress,
-            row["owner"] or "",
-            row["worker_state"] or "",
-            style="bold red" if row["error"] or row["worker_state"] == "degraded" else None,
-        )
-    return table
-
-
-def _errors_view(rows: list[dict[str, Any]]) -> Table:
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(title="degraded tables (cdc status --json has each error whole)", style="red")
-    for column in ("table", "owner", "error"):
-        table.add_column(column)
-    for row in rows:
-        if row["error"]:
-            # Text, not a markup string: an error may hold "[...]" (tables[0], a type)
-            table.add_row(row["table"], row["owner"] or "", Text(short_error(row["error"])))
-    return table
-
-
-def _workers_view(workers: list[dict[str, str]]) -> Table:
-    from rich.table import Table
-
-    table = Table(title="workers")
-    for column in ("worker", "tables", "applied", "queue", "heartbeat age (s)"):
-        table.add_column(column)
-    for worker in workers:
-        table.add_row(
-            worker.get("id", ""),
-            worker.get("tables", ""),
-            worker.get("applied", ""),
-            worker.get("queue_depth", ""),
-            worker.get("age", ""),
-        )
-    return table
 
 
 # -- subscribe -----------------------------------------------------------------

@@ -10,8 +10,23 @@ waiters; each wait returns the tables notified while it waited. What arrives
 while nobody waits is kept for the next wait, which returns it at once, so a
 caller that waits in a loop misses no wake-up between its waits.
 
-A notification is mostly a hint (trackers still poll on their backoff), so a
-connection that fails is reported once and re-established on the next wait.
+The pump also keeps the connection. A connection the server closes
+(``pg_terminate_backend`` from a PgBouncer restart, a failover, an
+idle-session killer) ends psycopg's ``notifies()`` generator with an
+``OperationalError`` as soon as the socket reports it (6 ms after
+``pg_terminate_backend`` on loopback, measured). Then, and again once a new
+connection listens, every table the source described is reported notified,
+so that the pipeline wakes every tracker: one asleep in a quiet wait (below,
+up to ``QUIET_READ_LIMIT``) would otherwise sleep through the changes made
+while nobody listened, which no notification will ever announce. While the
+connection is down ``mark()`` is None, so no read is skipped and the trackers
+poll on their backoff: reads go on. The pump reconnects at once, then with a
+jittered backoff up to ``RECONNECT_CAP``; it logs once that notifications are
+lost and once that they are back, however many attempts lie between. Before
+this, the loss went unnoticed by the sleeping trackers until the 30 s
+backstop: a change made after the sidecar's backends were killed took 26 s to
+reach Redis; it takes about 0.6 s now (tests/cdc/test_listen_loss.py).
+
 It is also evidence: ``mark()`` and ``quiet_since()`` tell the source that no
 notification for a table arrived since a point in time, on a connection that
 has been listening throughout; the source uses that to skip reads that cannot
@@ -38,6 +53,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -46,34 +63,52 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import TupleRow
 
-from cdc.errors import SourceUnavailable
+from publishers.redaction import mask_passwords
 
 Connection = psycopg.AsyncConnection[TupleRow]
+
+log = logging.getLogger("cdc.sources.postgres")
 
 # Seconds after the last read sent during which a read that cannot find
 # anything may be answered without a round trip (see the module docstring).
 QUIET_READ_LIMIT = 30.0
+# Reconnecting after a loss: the first attempt at once (a terminated backend's
+# server is usually up), then after 0.25-0.5 s, 0.5-1 s, ... up to 2.5-5 s
+# (as a tracker retries a read, cdc.tracker.RETRY_WAIT), jittered so that
+# sidecars that lost their database together do not reconnect in lockstep.
+RECONNECT_FIRST = 0.5
+RECONNECT_CAP = 5.0
+# Connection failures that end a connection or an attempt to make one.
+LOST = (psycopg.Error, OSError)
+
+
+def reconnect_delay(failures: int) -> float:
+    """Seconds before the next attempt after ``failures`` attempts in a row failed (0: the loss itself)."""
+    if failures == 0:
+        return 0.0
+    ceiling = min(RECONNECT_CAP, RECONNECT_FIRST * 2 ** (failures - 1))
+    return random.uniform(ceiling / 2, ceiling)
 
 
 class NotificationListener:
     def __init__(self, connect: Callable[[], Awaitable[Connection]], channel: str) -> None:
         self._connect = connect
         self._channel = channel
-        self._conn: Connection | None = None
         self._pump: asyncio.Task[None] | None = None
+        self._first_attempt = asyncio.Event()  # set once the pump's first connection attempt ended
         self._waiters: list[tuple[set[str], asyncio.Event]] = []
         self._unclaimed: set[str] = set()  # notified while nobody waited
-        self._failure: BaseException | None = None
+        self._listening = False  # a connection is up and has run LISTEN
+        self._lost_at: float | None = None  # time.monotonic() when listening was lost (or first failed)
         self._epoch = 0  # connections established so far
         self._count = 0  # notifications received so far, on any connection
         self._last: dict[str, int] = {}  # payload ("schema.name") -> _count at its latest notification
+        self.tables: set[str] = set()  # every table to wake when listening is lost or back
 
     def mark(self) -> tuple[int, int] | None:
         """Where the listener is now, (connection, notifications received), or
-        None when it is not listening (never started, or its connection failed)."""
-        if self._pump is None or self._pump.done() or self._failure is not None:
-            return None
-        return self._epoch, self._count
+        None when it is not listening (never started, or its connection lost)."""
+        return (self._epoch, self._count) if self._listening else None
 
     def quiet_since(self, mark: tuple[int, int], table: str) -> bool:
         """Whether the listener has listened without a break since ``mark``
@@ -82,7 +117,9 @@ class NotificationListener:
         return now is not None and now[0] == mark[0] and self._last.get(table, 0) <= mark[1]
 
     async def wait(self, timeout: float) -> set[str]:
-        """The tables notified within ``timeout`` seconds (returns at the first)."""
+        """The tables notified within ``timeout`` seconds (returns at the
+        first); every table in ``tables`` when listening was lost or is back.
+        Never raises for a lost connection: the pump reconnects by itself."""
         await self._start()
         if self._unclaimed:
             unclaimed, self._unclaimed = self._unclaimed, set()
@@ -95,48 +132,94 @@ class NotificationListener:
                     await waiter[1].wait()
         finally:
             self._waiters.remove(waiter)
-        if self._failure is not None:
-            raise SourceUnavailable(f"PostgreSQL notifications: {self._failure}")
         return waiter[0]
 
     async def _start(self) -> None:
-        if self._pump is not None and not self._pump.done():
-            return
-        await self.close()
-        try:
-            conn = await self._connect()
-            await conn.execute(sql.SQL("listen {}").format(sql.Identifier(self._channel)))
-        except psycopg.Error as exc:
-            raise SourceUnavailable(f"PostgreSQL notifications: cannot listen: {exc}") from exc
-        self._conn, self._failure = conn, None
-        self._epoch += 1
-        self._pump = asyncio.create_task(self._run(conn), name="cdc-postgres-notifications")
+        """The pump running; on the first call, its first connection attempt
+        made (so that a caller listens from the moment its first wait returns)."""
+        pump = self._pump
+        error = pump.exception() if pump is not None and pump.done() and not pump.cancelled() else None
+        if error is not None:
+            raise error  # a defect, not a connection lost (the pump survives those): show it
+        if pump is None or pump.done():
+            self._first_attempt.clear()
+            self._pump = asyncio.create_task(self._run(), name="cdc-postgres-notifications")
+        await self._first_attempt.wait()
 
-    async def _run(self, conn: Connection) -> None:
+    async def _run(self) -> None:
+        """Listen, hand notifications out, and listen again after every loss."""
+        failures = 0
+        while True:
+            await asyncio.sleep(reconnect_delay(failures))
+            try:
+                conn = await self._listen()
+            except LOST as exc:
+                failures += 1
+                self._lost(f"cannot listen: {exc}")
+                continue
+            finally:
+                self._first_attempt.set()
+            failures = 0
+            try:
+                await self._pump_notifications(conn)
+            except LOST as exc:
+                self._lost(str(exc))
+            finally:
+                self._listening = False
+                await conn.close()
+
+    async def _listen(self) -> Connection:
+        conn = await self._connect()
         try:
-            async for notify in conn.notifies():
-                self._count += 1
-                self._last[notify.payload] = self._count
-                if not self._waiters:
-                    self._unclaimed.add(notify.payload)
-                for tables, event in self._waiters:
-                    tables.add(notify.payload)
-                    event.set()
-        except psycopg.Error as exc:  # the connection is gone: wake everyone, reconnect on the next wait
-            self._failure = exc
-        finally:
-            for _, event in self._waiters:
-                event.set()
+            await conn.execute(sql.SQL("listen {}").format(sql.Identifier(self._channel)))
+        except BaseException:
+            await conn.close()
+            raise
+        self._epoch += 1
+        self._listening = True
+        if self._lost_at is not None:
+            log.info(
+                "PostgreSQL notifications are back: tables wait for them again",
+                extra={"down_seconds": round(time.monotonic() - self._lost_at, 3)},
+            )
+            self._lost_at = None
+            self._wake_everyone()  # what changed while nobody listened was never notified
+        return conn
+
+    async def _pump_notifications(self, conn: Connection) -> None:
+        async for notify in conn.notifies():
+            self._count += 1
+            self._last[notify.payload] = self._count
+            self._hand_out({notify.payload})
+
+    def _lost(self, why: str) -> None:
+        """Listening lost (or an attempt failed): wake every table, said once per loss."""
+        self._listening = False
+        if self._lost_at is None:
+            self._lost_at = time.monotonic()
+            log.warning(
+                "PostgreSQL notifications lost: tables are polled on their backoff until listening again",
+                extra={"error": mask_passwords(why.strip())},
+            )
+            self._wake_everyone()
+
+    def _wake_everyone(self) -> None:
+        self._hand_out(set(self.tables))
+
+    def _hand_out(self, tables: set[str]) -> None:
+        if not self._waiters:
+            self._unclaimed |= tables
+        for notified, event in self._waiters:
+            notified |= tables
+            event.set()
 
     async def close(self) -> None:
-        pump, conn = self._pump, self._conn
-        self._pump = self._conn = None
+        pump, self._pump = self._pump, None
+        self._listening = False
         if pump is not None:
             pump.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await pump
-        if conn is not None:
-            await conn.close()
 
 
 @dataclass(frozen=True)
@@ -165,6 +248,7 @@ class QuietReads:
     def watch(self, table: str, payload: str | None) -> None:
         """A table described: the payload of its notifications, None for a
         partitioned table (a write into a partition does not notify it)."""
+        self._listener.tables.add(table)  # woken when listening is lost or back, partitioned or not
         self._quiet.pop(table, None)
         if payload is None:
             self._notifying.pop(table, None)

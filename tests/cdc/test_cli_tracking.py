@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from cdc.commands import short_error
 from cdc.devservers import free_port
+from cdc.status_cmd import short_error
 from publishers import control
 from publishers.layout import Layout
 from publishers.leases import Leases
