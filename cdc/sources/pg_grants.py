@@ -16,7 +16,8 @@ The retention cleanup (every ``source.cleanup_interval``; 0: never) calls
 ``<schema>.cleanup(...)``: EXECUTE on it, and, unless the function is
 ``SECURITY DEFINER`` (then it runs with its owner's privileges), what its body
 does as the caller: ``SELECT ... FOR UPDATE`` and ``UPDATE`` on the registry,
-``DELETE`` from each net table (``pg_tracking._CLEANUP``). Whether it is a
+``DELETE`` from each net table, and INSERT, UPDATE, DELETE on the
+deployments' retention claims (``pg_retention``). Whether it is a
 definer, and its argument list, are read from ``pg_proc``, so the check
 follows the function that is installed. These are privilege checks
 (``has_*_privilege``), not a cleanup run: the function is never called, and
@@ -37,6 +38,7 @@ from psycopg import sql
 
 from cdc.config import TableConfig
 from cdc.errors import ConfigError
+from cdc.sources import pg_retention
 from cdc.sources.pg_catalog import Connection
 from cdc.sources.pg_tracking import net_table_name
 
@@ -127,9 +129,12 @@ def read_needs(tracking: str, tables: Sequence[TableConfig]) -> list[Need]:
 def cleanup_needs(
     tracking: str, tables: Sequence[TableConfig], functions: Sequence[CleanupFunction]
 ) -> list[Need]:
-    """What the retention cleanup needs, for each ``cleanup`` function installed."""
+    """What the sidecar's retention cleanup needs: the scoped ``cleanup`` it
+    calls (``pg_retention``), or, on a schema installed before it, the
+    one-argument form, whichever is installed."""
+    scoped = [f for f in functions if f.args == pg_retention.SCOPED_ARGS]
     needs: list[Need] = []
-    for function in functions:
+    for function in scoped or functions:
         needs.append(
             Need(
                 SHARED, "EXECUTE", "function", tracking, CLEANUP, "the retention cleanup", function.args, True
@@ -148,6 +153,12 @@ def cleanup_needs(
                 cleanup=True,
             )
         )
+        if function in scoped:
+            why = "cleanup renews this deployment's retention claims and drops lapsed ones"
+            needs += [
+                Need(SHARED, privilege, "table", tracking, pg_retention.CLAIMS, why, cleanup=True)
+                for privilege in ("INSERT", "UPDATE", "DELETE")
+            ]
         for table_config in tables:
             net = net_table_name(table_config.schema, table_config.name)
             needs.append(

@@ -59,8 +59,10 @@ from cdc.sources.base import CleanupScope
 from cdc.sources.pg_catalog import Connection
 
 CLAIMS = "retention_claims"
-# The sidecar's cleanup (installed beside the 0.2 one-argument form).
+# The sidecar's cleanup (installed beside the 0.2 one-argument form): its
+# argument types, and its arguments as pg_get_function_identity_arguments prints them.
 SCOPED_SIGNATURE = "interval, text, text[], interval"
+SCOPED_ARGS = "keep interval, for_deployment text, only_tables text[], claim_for interval"
 
 CLAIMS_TABLE = """
 create table if not exists {claims} (

@@ -139,9 +139,8 @@ async def _install_cleanup(conn: Connection, schema: str) -> None:
     (``pg_retention``). Run with the caller's rights: a source user that may not
     delete the entries cannot make another role do it."""
     fn = sql.Identifier(schema, "cleanup")
-    scoped_args = "keep interval, for_deployment text, only_tables text[], claim_for interval"
     scoped = pg_retention.scoped_body(schema)
-    await conn.execute(_function(conn, fn, scoped_args, "bigint", scoped, False))
+    await conn.execute(_function(conn, fn, pg_retention.SCOPED_ARGS, "bigint", scoped, False))
     unscoped = pg_retention.unscoped_body(schema)
     await conn.execute(_function(conn, fn, "retention interval", "bigint", unscoped, False))
 

@@ -120,6 +120,9 @@ async def test_doctor_lists_every_missing_privilege_and_its_grants_make_it_clean
         ("UPDATE", f"table {trk}.tracked_tables"),
         ("DELETE", f"table {trk}.{items}"),
         ("DELETE", f"table {trk}.{lines}"),
+        ("INSERT", f"table {trk}.retention_claims"),
+        ("UPDATE", f"table {trk}.retention_claims"),
+        ("DELETE", f"table {trk}.retention_claims"),
     }
     grant = next(f for f in errors(findings) if f["extra"].get("object") == f"table {pg_schema}.items")
     assert f'GRANT SELECT ON TABLE "{pg_schema}"."items" TO "{role}";' in grant["message"]
@@ -155,7 +158,7 @@ async def test_doctor_says_cleanup_cannot_run_for_a_read_only_role(
     assert code == 1 and errors(findings)
     assert all(f["extra"]["cleanup"] for f in errors(findings)), errors(findings)
     assert all(f["message"].startswith("the retention cleanup cannot run") for f in errors(findings))
-    assert {f["extra"]["privilege"] for f in errors(findings)} == {"UPDATE", "DELETE"}
+    assert {f["extra"]["privilege"] for f in errors(findings)} == {"INSERT", "UPDATE", "DELETE"}
 
 
 async def test_grant_to_lets_the_runtime_role_run_now_and_for_a_table_enabled_later(
