@@ -130,11 +130,12 @@ class CheckpointLine:
         self.persisted_fresh_at = self.fresh_at
         self.unpersisted_changes = 0
 
-    def snapshotted(self, version: int, started_at: float) -> None:
+    def snapshotted(self, version: int, started_at: float) -> int:
         """A snapshot that started at ``started_at`` (this line's clock) put
-        the whole table in Redis at ``version``."""
+        the whole table in Redis at ``version`` (returned)."""
         self.applied = version
         self.fresh_at = started_at
+        return version
 
     def fresh_now(self) -> None:
         """Nothing waits to be applied and the source knows a read now would

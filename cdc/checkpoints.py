@@ -96,9 +96,11 @@ class CheckpointKeeper:
             _remove(gauge, self.table)
 
 
-def stored_freshness(checkpoint: Checkpoint, line: CheckpointLine) -> float | None:
+def stored_freshness(checkpoint: Checkpoint | None, line: CheckpointLine) -> float | None:
     """When (on ``line``'s clock) the stored checkpoint was known fresh: when
     it was written, which is at most a batch's apply after its read."""
+    if checkpoint is None:
+        return None
     try:
         written = datetime.fromisoformat(checkpoint.updated_at).timestamp()
     except ValueError:

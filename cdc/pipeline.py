@@ -28,7 +28,7 @@ from cdc.batching import AutoBatchWorker
 from cdc.config import Config, TableConfig
 from cdc.errors import TransientError
 from cdc.metrics import Metrics
-from cdc.reachability import ObservedSource, redis_component, source_component
+from cdc.reachability import APPLY, ObservedSource, redis_component, source_component
 from cdc.sources import make_source
 from cdc.sources.base import ChangeSource
 from cdc.tracker import ChangeTracker
@@ -155,7 +155,7 @@ class Pipeline:
         return await self.manager.apply(changes)
 
     def _on_result(self, changes: Sequence[Change], result: ApplyResult, latency: float) -> None:
-        self.redis.answered()
+        self.redis.answered(APPLY)
         now = time.time()
         refused = Counter(c.table for c in _refused(result))
         for table, count in Counter(change.table for change in changes).items():  # one label lookup per table
@@ -177,9 +177,9 @@ class Pipeline:
     def _on_redis_degraded(self, error: BaseException | None) -> None:
         # the applier retries only what may pass (TransientError): Redis away, loading, out of memory
         if error is None:
-            self.redis.answered()
+            self.redis.answered(APPLY)
         else:
-            self.redis.failed(error)
+            self.redis.failed(error, APPLY)
 
     def check_applier(self) -> None:
         """Raise the applier's crash, if it crashed (it must not die silently)."""

@@ -32,6 +32,9 @@ from publishers.redaction import redact
 
 T = TypeVar("T")
 
+CALLS = "calls"  # every call but the batch applier's
+APPLY = "apply"  # the batch applier's, failing from its first failed try until one succeeds
+
 # The source's calls that always make a round trip (``read_changes`` does
 # unless the source knows it would find nothing, ``snapshot`` is a generator).
 ROUND_TRIPS = frozenset(
@@ -50,30 +53,46 @@ ROUND_TRIPS = frozenset(
 
 
 class Component:
-    """One component's reachability: the ``cdc_up`` series, and why it is down."""
+    """One component's reachability: the ``cdc_up`` series, and why it is down.
+
+    Calls are judged per *path*: ``CALLS`` (every call but the applier's)
+    and ``APPLY`` (the batch applier, while its retries fail). It is up when
+    no path fails. Redis out of memory refuses the applier's writes while the
+    lease rounds still pass (renewals do not allocate): judged on one path,
+    the gauge would flip at every round; the applier's failure holds until
+    the applier succeeds."""
 
     def __init__(self, name: str, metrics: Metrics, *, unreachable: tuple[type[BaseException], ...]) -> None:
         self.name = name
         self._gauge = metrics.up.labels(name)  # 0 until something answers
         self._unreachable = unreachable
-        self.up = False
-        self.error: str | None = None  # why the last call could not reach it (None: it answered)
+        self._failing: dict[str, str] = {}  # path -> why its last call could not reach the component
+        self._answered = False  # something ever answered
         self.last_evidence = 0.0  # time.monotonic() of the last call judged
         self.answered_at = 0.0  # time.monotonic() of the last call that reached it
 
-    def answered(self) -> None:
+    @property
+    def up(self) -> bool:
+        return self._answered and not self._failing
+
+    @property
+    def error(self) -> str | None:
+        """Why it is down (None: the last calls reached it)."""
+        return "; ".join(dict.fromkeys(self._failing.values())) or None
+
+    def answered(self, path: str = CALLS) -> None:
         """A call reached the component (whatever it answered)."""
         self.last_evidence = self.answered_at = time.monotonic()
-        self.error = None
-        if not self.up:  # every poll says so: the gauge moves only on a change
-            self.up = True
-            self._gauge.set(1)
+        if self._answered and path not in self._failing:
+            return  # every poll says so: the gauge moves only on a change
+        self._answered = True
+        self._failing.pop(path, None)
+        self._gauge.set(1 if self.up else 0)
 
-    def failed(self, error: BaseException) -> None:
+    def failed(self, error: BaseException, path: str = CALLS) -> None:
         """A call could not reach the component."""
         self.last_evidence = time.monotonic()
-        self.error = redact(str(error)) or type(error).__name__
-        self.up = False
+        self._failing[path] = redact(str(error)) or type(error).__name__
         self._gauge.set(0)
 
     def judge(self, error: BaseException) -> None:

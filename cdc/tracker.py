@@ -57,6 +57,7 @@ from cdc.metrics import Metrics
 from cdc.reachability import Component, redis_component
 from cdc.snapshots import SnapshotLoader, SnapshotProgress
 from cdc.sources.base import ChangeSource, TableInfo
+from cdc.table_gauges import TableGauges
 from cdc.table_health import TableHealth
 from publishers import control
 from publishers.manager import DataManager
@@ -110,8 +111,6 @@ class ChangeTracker:
         self.metrics = metrics
         # this table's series, looked up once: an idle table updates them at every poll
         self._changes_read = metrics.changes_read.labels(self.table)
-        self._backoff_step = metrics.backoff_step.labels(self.table)
-        metrics.last_applied.labels(self.table)  # 0 until a change of it is applied
         self.redis = redis or redis_component(metrics)  # whether Redis answers (the pipeline's)
         self.page_size = page_size
         self.backoff = EmptyPollBackoff(table_config.backoff)
@@ -120,6 +119,7 @@ class ChangeTracker:
         self.position: int | None = None  # next read starts after this version
         self.line = CheckpointLine(self.table)  # what ``applied`` is, and when to persist it
         self.checkpoints = CheckpointKeeper(self.table, self.line, manager, metrics, self.redis)
+        self.gauges = TableGauges(self.checkpoints, self.health, self.backoff, source)
         self.caught_up = asyncio.Event()  # set once a read found nothing new and all is applied
         self.loader = SnapshotLoader(
             table_config, source=source, manager=manager, line=self.line, metrics=metrics, page_size=page_size
@@ -131,7 +131,6 @@ class ChangeTracker:
         self._snapshot_request: str | None = None
         self._expired = 0  # TrackingExpired in a row, no step succeeding in between
         self.stop_event: asyncio.Event = _StopEvent(self.wake)
-        self._parked = False  # not_running() done: stopped here, its series gone
 
     @property
     def info(self) -> TableInfo | None:
@@ -167,14 +166,10 @@ class ChangeTracker:
         self.caught_up.clear()
         self._shape_checked = False  # another owner may have written the documents meanwhile
         checkpoint = await self.redis.observe(self.manager.get_checkpoint(self.table))
-        streaming = checkpoint is not None and checkpoint.state == "streaming"
-        self.position = checkpoint.version if streaming and checkpoint is not None else None
-        fresh_at = stored_freshness(checkpoint, self.line) if streaming and checkpoint is not None else None
-        self.line.reset(self.position, fresh_at=fresh_at)
-        self._parked = False
-        if self.health.state == "stopped":  # taken on again (no await from here to its run)
-            self.health.state = "starting"
-        self._backoff_step = self.metrics.backoff_step.labels(self.table)  # not_running() removed it
+        stored = checkpoint if checkpoint is not None and checkpoint.state == "streaming" else None
+        self.position = None if stored is None else stored.version
+        self.line.reset(self.position, fresh_at=stored_freshness(stored, self.line))
+        self.gauges.running()
 
     def request_snapshot(self, reason: str) -> None:
         """Re-snapshot at the next poll (``cdc snapshot`` asks through Redis)."""
@@ -281,7 +276,7 @@ class ChangeTracker:
         return rows > 0
 
     async def _wait(self, stop: asyncio.Event) -> None:
-        self._backoff_step.set(self.backoff.step)
+        self.gauges.backoff_step()
         delay = self.backoff.delay
         if delay <= 0 or stop.is_set():
             return
@@ -310,8 +305,7 @@ class ChangeTracker:
         shape = self.describer.shape
         started = self.line.now()
         version = await self.loader.load(self.info, self._rows)
-        self.line.snapshotted(version, started)
-        self.position = version
+        self.position = self.line.snapshotted(version, started)
         await self.checkpoints.persist("streaming")
         await control.set_table_shape(self.manager, self.table, shape)
         log.info("snapshot done", extra={"table": self.table, "rows": self.progress.rows, "version": version})
@@ -324,44 +318,6 @@ class ChangeTracker:
     @property
     def progress(self) -> SnapshotProgress:
         return self.loader.progress
-
-    # -- checkpoints -----------------------------------------------------------
-
-    def refresh_metrics(self, retention: float | None = None) -> None:
-        """The gauges that move with time alone (``retention``: seconds the
-        source keeps changes, None: unknown)."""
-        if self._known_quiet():
-            self.line.fresh_now()
-        self.checkpoints.update_lag()
-        self.checkpoints.update_headroom(retention)
-        self._backoff_step.set(self.backoff.step)
-
-    def _known_quiet(self) -> bool:
-        """Every read applied, Redis answering, and the source knows a read now
-        would find nothing (DESIGN.md §2): the mirror is fresh as of now,
-        though the tracker waits for the table's notification instead of reading."""
-        info, position = self.info, self.position
-        return (
-            info is not None
-            and position is not None
-            and position == self.applied
-            and self.line.empty
-            and self.health.error is None
-            and self.redis.up
-            and self.source.quiet_for(info, position) > 0
-        )
-
-    def not_running(self) -> None:
-        """This sidecar does not run the table (given back, never taken, or
-        another sidecar's): ``stopped``, and its lag, headroom and backoff
-        series go (only the sidecar that runs a table reports them)."""
-        if self._parked and self.health.state == "stopped":
-            return  # every second for each such table: once is enough
-        self._parked = True
-        self.health.state = "stopped"
-        self.checkpoints.forget_metrics()
-        with contextlib.suppress(KeyError):
-            self.metrics.backoff_step.remove(self.table)
 
     # -- failures --------------------------------------------------------------
 

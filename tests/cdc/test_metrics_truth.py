@@ -22,9 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from cdc.config import Config, parse_config
 from cdc.daemon import Daemon
 from cdc.devservers import PostgresServer, RedisServer, free_port
-from cdc.errors import SchemaError
+from cdc.errors import RedisUnavailable, SchemaError
 from cdc.metrics import Metrics
-from cdc.reachability import ObservedSource, source_component
+from cdc.reachability import APPLY, ObservedSource, redis_component, source_component
 from cdc.sources.memory import MemorySource
 from cdc.sources.postgres import PostgresSource
 from publishers.layout import Layout
@@ -338,8 +338,12 @@ async def test_dead_letters_are_counted_per_table_of_the_config(
     assert value(samples, "cdc_dead_letters", table="mem.b") == 0
     assert value(samples, "cdc_dead_letters", table="other.t") is None
     await manager.client.xadd(key, {"table": "mem.b", "key": "1", "reason": "test"})
-    await daemon.observer.refresh_slow_metrics()
-    assert value(rendered(daemon), "cdc_dead_letters", table="mem.b") == 1
+
+    async def counted_again() -> bool:  # (the next count waits ten times the last one's duration)
+        await daemon.observer.refresh_slow_metrics()
+        return value(rendered(daemon), "cdc_dead_letters", table="mem.b") == 1
+
+    await wait_for(counted_again, 5, "the new entry to be counted")
 
 
 async def test_a_failing_cleanup_is_not_ready_but_alive(
@@ -388,6 +392,25 @@ async def test_calls_that_reach_the_source_move_cdc_up_and_refusals_count_as_ans
     with pytest.raises(SchemaError):  # no such table: the source answered
         await source.describe(memory_config("redis://x", "n").tables[0])
     assert up() == 1 and source.component.error is None
+
+
+def test_a_failing_applier_holds_redis_down_while_other_calls_pass() -> None:
+    """Redis out of memory refuses the applier's writes while lease renewals
+    pass: cdc_up{redis} stays 0 (and /readyz says why) until an apply succeeds,
+    instead of flipping at every lease round."""
+    metrics = Metrics()
+    redis = redis_component(metrics)
+
+    def up() -> float | None:
+        return value(parse(metrics.render().decode()), "cdc_up", component="redis")
+
+    redis.answered()
+    assert up() == 1
+    redis.failed(RedisUnavailable("OOM command not allowed when used memory > 'maxmemory'"), APPLY)
+    redis.answered()  # a lease round passes
+    assert up() == 0 and redis.error is not None and "maxmemory" in redis.error
+    redis.answered(APPLY)
+    assert up() == 1 and redis.error is None
 
 
 async def test_a_read_the_source_answers_without_a_round_trip_is_no_evidence(
@@ -446,7 +469,7 @@ async def test_the_lag_counts_from_a_stored_checkpoint_until_a_read_is_applied(
     await daemon.pipeline.open(strict=False)
     tracker = daemon.pipeline.tracker("mem.a")
     await tracker.start()
-    tracker.refresh_metrics()
+    tracker.gauges.refresh(None, tracker.info, tracker.position)
     lag = value(rendered(daemon), "cdc_lag_seconds", table="mem.a")
     assert lag is not None and 3590 < lag < 3700
     await tracker.poll()
