@@ -135,7 +135,11 @@ class Balancer:
     # -- one round ----------------------------------------------------------------
 
     async def round(self) -> None:
+        """(Every round is also what tells ``cdc_up{component="redis"}`` while the sidecar is idle.)"""
         self.last_round = time.monotonic()
+        await self.pipeline.redis.observe(self._round())
+
+    async def _round(self) -> None:
         await self._check_epoch()
         await self._stay_registered()
         await self._forward_snapshot_requests()

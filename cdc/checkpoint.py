@@ -64,11 +64,20 @@ class CheckpointLine:
         self.persisted: int | None = None  # what the stored checkpoint holds
         self.persisted_at = 0.0
         self.unpersisted_changes = 0  # changes applied since the checkpoint was last written
+        # When the source was last read with every change up to then in Redis
+        # (the mirror is known fresh up to then), for ``applied`` and for
+        # ``persisted``; None: never (no checkpoint yet).
+        self.fresh_at: float | None = None
+        self.persisted_fresh_at: float | None = None
+        self._since = self._clock()  # when the line started: the lag of a table never fresh
 
-    def reset(self, version: int | None) -> None:
-        """Forget every read: the table restarts from the stored ``version``."""
+    def reset(self, version: int | None, *, fresh_at: float | None = None) -> None:
+        """Forget every read: the table restarts from the stored ``version``,
+        which was fresh at ``fresh_at`` (this line's clock; None: unknown)."""
         self._reads.clear()
         self.applied = self.persisted = version
+        self.fresh_at = self.persisted_fresh_at = fresh_at
+        self._since = self._clock()
 
     def forget_reads(self) -> None:
         """Forget every read in flight, keeping ``applied`` and ``persisted``:
@@ -104,9 +113,10 @@ class CheckpointLine:
     def _pass_head(self) -> None:
         ticket, _ = self._reads[0]
         check_refused(self.table, ticket)  # and it stays at the head: nothing can pass it
-        self._reads.popleft()
+        _, read_at = self._reads.popleft()
         self.applied = ticket.version
         self.unpersisted_changes += ticket.changes
+        self.fresh_at = read_at
 
     def persist_due(self) -> bool:
         """Whether the checkpoint should be written now (given that it moved)."""
@@ -117,7 +127,24 @@ class CheckpointLine:
         """The checkpoint at ``applied`` was written."""
         self.persisted = self.applied
         self.persisted_at = self._clock()
+        self.persisted_fresh_at = self.fresh_at
         self.unpersisted_changes = 0
+
+    def snapshotted(self, version: int, started_at: float) -> int:
+        """A snapshot that started at ``started_at`` (this line's clock) put
+        the whole table in Redis at ``version`` (returned)."""
+        self.applied = version
+        self.fresh_at = started_at
+        return version
+
+    def fresh_now(self) -> None:
+        """Nothing waits to be applied and the source knows a read now would
+        find nothing (``ChangeSource.quiet_for``): fresh as of now."""
+        if not self._reads and self.applied is not None:
+            self.fresh_at = self._clock()
+
+    def now(self) -> float:
+        return self._clock()
 
     @property
     def empty(self) -> bool:
@@ -137,6 +164,14 @@ class CheckpointLine:
         ``caught_up`` of a burst's last batch."""
         return not self._reads and not self.unpersisted_changes
 
-    def oldest_read_age(self) -> float:
-        """Seconds since the oldest read not yet applied was made (0: none)."""
-        return self._clock() - self._reads[0][1] if self._reads else 0.0
+    def lag(self) -> float:
+        """Seconds since the newest read whose changes are all applied: the
+        mirror is known to hold every change made until then. It grows while
+        nothing can be read (the source away) or applied (Redis away), and is
+        about the poll interval while the table is idle. A table never fresh
+        (its first snapshot runs): since the line started."""
+        return self._clock() - (self._since if self.fresh_at is None else self.fresh_at)
+
+    def persisted_age(self) -> float | None:
+        """Seconds since the stored checkpoint was fresh (None: unknown)."""
+        return None if self.persisted_fresh_at is None else self._clock() - self.persisted_fresh_at

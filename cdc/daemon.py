@@ -41,7 +41,7 @@ from cdc.cleanup_job import CleanupJob
 from cdc.config import Config
 from cdc.errors import CdcError, ConfigError, TransientError
 from cdc.health import HealthServer
-from cdc.observers import Observer
+from cdc.observers import SLOW_REFRESH, Observer
 from cdc.pipeline import Pipeline
 from cdc.sources.base import ChangeSource
 from publishers import control, deadletters
@@ -102,11 +102,9 @@ class Daemon:
         address is bound first: a second sidecar given the same port stops
         there (exit 2), before it connects to anything or takes a lease."""
         await self._listen_health()
-        await self.pipeline.open(strict=strict)
+        await self.pipeline.open(strict=strict)  # cdc_up: every call to the source and Redis sets it
         if strict:
             self.dead_letter_mark = await deadletters.last_id(self.manager)
-        self.metrics.up.labels("source").set(1)
-        self.metrics.up.labels("redis").set(1)
         await self.balancer.start()
         if self.health is not None:
             await self.health.start()
@@ -272,6 +270,9 @@ class Daemon:
             self._heartbeat, "interval", seconds=self.config.worker.heartbeat, next_run_time=now
         )
         self.scheduler.add_job(self.observer.refresh_metrics, "interval", seconds=1.0)
+        self.scheduler.add_job(
+            self.observer.refresh_slow_metrics, "interval", seconds=SLOW_REFRESH, next_run_time=now
+        )
         self.scheduler.add_job(self._watch_shapes, "interval", seconds=SHAPE_CHECK_INTERVAL)
         interval = self.config.source.cleanup_interval
         if self.config.source.kind == "postgres" and interval > 0:

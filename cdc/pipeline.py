@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import TracebackType
+from typing import cast
 
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_random
 
@@ -26,6 +28,7 @@ from cdc.batching import AutoBatchWorker
 from cdc.config import Config, TableConfig
 from cdc.errors import TransientError
 from cdc.metrics import Metrics
+from cdc.reachability import APPLY, ObservedSource, redis_component, source_component
 from cdc.sources import make_source
 from cdc.sources.base import ChangeSource
 from cdc.tracker import ChangeTracker
@@ -50,11 +53,14 @@ class Pipeline:
         metrics: Metrics | None = None,
     ) -> None:
         self.config = config
-        self.source = source or make_source(config.source)
-        self._manager = manager
         self.metrics = metrics or Metrics()
+        # cdc_up{component}: every round trip to the source or Redis says whether it answered
+        self.reachable_source = source_component(self.metrics)
+        self.redis = redis_component(self.metrics)
+        observed = ObservedSource(source or make_source(config.source), self.reachable_source)
+        self.source: ChangeSource = cast(ChangeSource, observed)  # the source's own calls pass through
+        self._manager = manager
         self.trackers: list[ChangeTracker] = []
-        self.redis_error: str | None = None  # why applying fails, while it does
         self.cleanup_error: str | None = None  # why the source's retention cleanup fails, while it does
         self.worker = AutoBatchWorker(
             self._apply,
@@ -69,6 +75,11 @@ class Pipeline:
     def manager(self) -> DataManager:
         assert self._manager is not None, "connect() first"
         return self._manager
+
+    @property
+    def redis_error(self) -> str | None:
+        """Why the last call to Redis could not reach it (None: it answered)."""
+        return self.redis.error
 
     @property
     def has_redis(self) -> bool:
@@ -92,7 +103,9 @@ class Pipeline:
     async def connect(self) -> None:
         await self.source.connect()
         if self._manager is None:
-            self._manager = await DataManager.connect(self.config.redis)
+            self._manager = await self.redis.observe(DataManager.connect(self.config.redis))
+        else:
+            self.redis.answered()  # given connected (the tests, cdc snapshot's own)
 
     async def watch_shapes(self, trackers: Sequence[ChangeTracker]) -> None:
         """Tell ``trackers`` their table's fingerprint at the source now (one
@@ -118,6 +131,7 @@ class Pipeline:
             metrics=self.metrics,
             page_size=self.config.worker.page_size,
             max_row_bytes=self.config.worker.max_row_bytes,
+            redis=self.redis,
         )
 
     # -- running ----------------------------------------------------------------
@@ -141,8 +155,13 @@ class Pipeline:
         return await self.manager.apply(changes)
 
     def _on_result(self, changes: Sequence[Change], result: ApplyResult, latency: float) -> None:
+        self.redis.answered(APPLY)
+        now = time.time()
+        refused = Counter(c.table for c in _refused(result))
         for table, count in Counter(change.table for change in changes).items():  # one label lookup per table
             self.metrics.changes_applied.labels(table).inc(count)
+            if count > refused[table]:  # some of them are in Redis now
+                self.metrics.last_applied.labels(table).set(now)
         for rejected in result.rejected:
             self.metrics.dead_lettered.labels(rejected.change.table).inc()
         if result.fenced:  # their trackers stop at their next checkpoint (LeaseLost)
@@ -156,8 +175,11 @@ class Pipeline:
         self.metrics.queue_depth.set(self.worker.depth)
 
     def _on_redis_degraded(self, error: BaseException | None) -> None:
-        self.redis_error = None if error is None else str(error)
-        self.metrics.up.labels("redis").set(0 if error else 1)
+        # the applier retries only what may pass (TransientError): Redis away, loading, out of memory
+        if error is None:
+            self.redis.answered(APPLY)
+        else:
+            self.redis.failed(error, APPLY)
 
     def check_applier(self) -> None:
         """Raise the applier's crash, if it crashed (it must not die silently)."""
@@ -189,3 +211,10 @@ class Pipeline:
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
+
+
+def _refused(result: ApplyResult) -> Iterator[Change]:
+    """The changes of a batch that are not in Redis: dead-lettered, fenced, blocked."""
+    yield from (rejected.change for rejected in result.rejected)
+    yield from result.fenced
+    yield from (blocked.change for blocked in result.blocked)

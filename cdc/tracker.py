@@ -41,14 +41,23 @@ from tenacity import AsyncRetrying, RetryCallState
 from cdc.backoff import EmptyPollBackoff
 from cdc.batching import AutoBatchWorker, Ticket
 from cdc.checkpoint import CheckpointLine
-from cdc.checkpoints import CheckpointKeeper
+from cdc.checkpoints import CheckpointKeeper, stored_freshness
 from cdc.config import TableConfig
 from cdc.describer import Describer
-from cdc.errors import CdcError, LeaseLost, TrackingExpired, TrackingNotEnabled, TransientError
+from cdc.errors import (
+    CdcError,
+    LeaseLost,
+    RedisUnavailable,
+    TrackingExpired,
+    TrackingNotEnabled,
+    TransientError,
+)
 from cdc.feeder import RowFeeder
 from cdc.metrics import Metrics
+from cdc.reachability import Component, redis_component
 from cdc.snapshots import SnapshotLoader, SnapshotProgress
 from cdc.sources.base import ChangeSource, TableInfo
+from cdc.table_gauges import TableGauges
 from cdc.table_health import TableHealth
 from publishers import control
 from publishers.manager import DataManager
@@ -93,6 +102,7 @@ class ChangeTracker:
         metrics: Metrics,
         page_size: int,
         max_row_bytes: int,
+        redis: Component | None = None,
     ) -> None:
         self.table_config = table_config
         self.table = table_config.table
@@ -102,14 +112,15 @@ class ChangeTracker:
         self.metrics = metrics
         # this table's series, looked up once: an idle table updates them at every poll
         self._changes_read = metrics.changes_read.labels(self.table)
-        self._backoff_step = metrics.backoff_step.labels(self.table)
+        self.redis = redis or redis_component(metrics)  # whether Redis answers (the pipeline's)
         self.page_size = page_size
         self.backoff = EmptyPollBackoff(table_config.backoff)
         self.wake = asyncio.Event()
         self.health = TableHealth(self.table, metrics)
         self.position: int | None = None  # next read starts after this version
         self.line = CheckpointLine(self.table)  # what ``applied`` is, and when to persist it
-        self.checkpoints = CheckpointKeeper(self.table, self.line, manager, metrics)
+        self.checkpoints = CheckpointKeeper(self.table, self.line, manager, metrics, self.redis)
+        self.gauges = TableGauges(self.checkpoints, self.health, self.backoff, source)
         self.caught_up = asyncio.Event()  # set once a read found nothing new and all is applied
         self.loader = SnapshotLoader(
             table_config, source=source, manager=manager, line=self.line, metrics=metrics, page_size=page_size
@@ -155,11 +166,12 @@ class ChangeTracker:
         self.stop_event = _StopEvent(self.wake)
         self.caught_up.clear()
         self._shape_checked = False  # another owner may have written the documents meanwhile
-        checkpoint = await self.manager.get_checkpoint(self.table)
-        streaming = checkpoint is not None and checkpoint.state == "streaming"
-        self.position = checkpoint.version if streaming and checkpoint is not None else None
-        self.line.reset(self.position)
+        checkpoint = await self.redis.observe(self.manager.get_checkpoint(self.table))
+        stored = checkpoint if checkpoint is not None and checkpoint.state == "streaming" else None
+        self.position = None if stored is None else stored.version
+        self.line.reset(self.position, fresh_at=stored_freshness(stored, self.line))
         self._snapshot_request = self._snapshot_request or _unfinished_snapshot(checkpoint)
+        self.gauges.running()
 
     def request_snapshot(self, reason: str) -> None:
         """Re-snapshot at the next poll (``cdc snapshot`` asks through Redis)."""
@@ -266,7 +278,7 @@ class ChangeTracker:
         return rows > 0
 
     async def _wait(self, stop: asyncio.Event) -> None:
-        self._backoff_step.set(self.backoff.step)
+        self.gauges.backoff_step()
         delay = self.backoff.delay
         if delay <= 0 or stop.is_set():
             return
@@ -293,8 +305,9 @@ class ChangeTracker:
         self.health.recovered()  # described, and Redis answers: an earlier failure is over
         assert self.info is not None
         shape = self.describer.shape
+        started = self.line.now()
         version = await self.loader.load(self.info, self._rows)
-        self.position = self.line.applied = version
+        self.position = self.line.snapshotted(version, started)
         await self.checkpoints.persist("streaming")
         await control.set_table_shape(self.manager, self.table, shape)
         log.info("snapshot done", extra={"table": self.table, "rows": self.progress.rows, "version": version})
@@ -308,12 +321,6 @@ class ChangeTracker:
     def progress(self) -> SnapshotProgress:
         return self.loader.progress
 
-    # -- checkpoints -----------------------------------------------------------
-
-    def refresh_metrics(self) -> None:
-        self.checkpoints.update_lag()
-        self._backoff_step.set(self.backoff.step)
-
     # -- failures --------------------------------------------------------------
 
     def _failed(self, retry_state: RetryCallState) -> None:
@@ -325,6 +332,8 @@ class ChangeTracker:
         error = retry_state.outcome.exception()
         assert error is not None
         self.health.failed(error, retry_state.upcoming_sleep)
+        if isinstance(error, RedisUnavailable):
+            self.redis.failed(error)  # (the source's own calls tell it themselves: ObservedSource)
         if isinstance(error, TransientError):
             return
         if isinstance(error, TrackingNotEnabled):

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what cdc-sync needs from the system's packages when it is missing:
-# redis-server, PostgreSQL server binaries, unixODBC and FreeTDS.
+# redis-server, PostgreSQL server binaries, unixODBC and FreeTDS, and promtool
+# (the prometheus package: tests/cdc/test_operations_docs.py checks the alert rules).
 # Does nothing when everything is there; needs root (or sudo) otherwise.
 set -euo pipefail
 
@@ -15,6 +16,7 @@ have_postgres || missing+=(postgresql)
   || ldconfig -p 2>/dev/null | grep -q 'libodbc.so.2' || missing+=(unixodbc)
 ldconfig -p 2>/dev/null | grep -q 'libtdsodbc' || compgen -G "/usr/lib/*/odbc/libtdsodbc.so" >/dev/null \
   || missing+=(tdsodbc)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
@@ -37,3 +39,4 @@ $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 # the demo start their own servers on free loopback ports.
 $SUDO service redis-server stop >/dev/null 2>&1 || true
 $SUDO service postgresql stop >/dev/null 2>&1 || true
+$SUDO service prometheus stop >/dev/null 2>&1 || true

@@ -257,6 +257,13 @@ class ChangeSource(Protocol):
 
     async def tracking_status(self, tables: Sequence[TableConfig]) -> list[TrackingStatus]: ...
 
+    async def retention(self) -> float | None:
+        """Seconds the source keeps the changes of a table after they were
+        made (its minimum valid version passes them then); None when unknown
+        or when nothing is ever removed. ``cdc_retention_headroom_seconds``
+        is this minus the age of a table's stored checkpoint."""
+        ...
+
     async def cleanup(self, retention: float, scope: CleanupScope | None = None) -> int:
         """Delete tracking entries older than ``retention`` seconds (where the
         source owns its tracking): of ``scope``'s tables only, when given,

@@ -67,6 +67,7 @@ class MemorySource(MemoryDatabase):
     """A ChangeSource over tables held in memory (see the module docstring)."""
 
     kind = "memory"
+    retention_seconds: float | None = None  # what ``retention()`` answers
 
     # -- the ChangeSource protocol ---------------------------------------------
 
@@ -242,6 +243,11 @@ class MemorySource(MemoryDatabase):
             minimum = t.min_valid_version if t.tracked else None
             statuses.append(TrackingStatus(table_config.table, t.tracked, minimum, self._version))
         return statuses
+
+    async def retention(self) -> float | None:
+        """What a test sets in ``retention_seconds`` (None: nothing expires by itself)."""
+        self._check_available()
+        return self.retention_seconds
 
     async def cleanup(self, retention: float, scope: CleanupScope | None = None) -> int:
         """Drop entries older than ``retention`` seconds (of ``scope``'s tables

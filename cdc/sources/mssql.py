@@ -66,7 +66,7 @@ from cdc.sources.mssql_paging import first_page, next_page
 from cdc.sources.mssql_readers import Readers
 from cdc.sources.mssql_reads import change_cursor, decode_change, unreadable_in
 from cdc.sources.mssql_snapshot import read_snapshot
-from cdc.sources.mssql_tracking import disable, enable, status
+from cdc.sources.mssql_tracking import database_settings, disable, enable, status
 from cdc.sources.mssql_watcher import VersionWatcher, WatchedReads, read_database_identity, read_tick, watched
 
 T = TypeVar("T")
@@ -276,6 +276,15 @@ class MssqlSource:
 
     def quiet_for(self, info: TableInfo, since: int) -> float:
         return self._watch.quiet_for(info, since)  # how long a read finds nothing (mssql_watcher)
+
+    async def retention(self) -> float | None:
+        """The database's CHANGE_RETENTION (sys.change_tracking_databases); None
+        with AUTO_CLEANUP OFF ("Data is removed only if the Auto Clean-Up value
+        is True": learn.microsoft.com, Database Properties (ChangeTracking
+        Page)) or when the view hides the row from the login (it needs VIEW ANY
+        DATABASE unless it owns the database: sys.change_tracking_databases)."""
+        settings = await self._link.run(database_settings)
+        return settings.retention if settings.auto_cleanup else None
 
     async def cleanup(self, retention: float, scope: CleanupScope | None = None) -> int:
         """Nothing to do, nor to scope: SQL Server cleans its change tracking up

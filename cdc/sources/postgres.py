@@ -268,6 +268,11 @@ class PostgresSource:
             return set()
         return await self._listener.wait(timeout)
 
+    async def retention(self) -> float | None:
+        """The config's ``source.retention``: what the cleanup job passes to
+        ``cdc_tracking.cleanup`` (no round trip)."""
+        return self._config.retention
+
     async def cleanup(self, retention: float, scope: CleanupScope | None = None) -> int:
         """Delete tracking entries older than ``retention`` seconds that every reader
         could have read; checkpoints before them expire. With ``scope``, of its

@@ -13,6 +13,8 @@ import redis.asyncio as aioredis
 
 from cdc.balancer import Balancer, TakeAll
 from cdc.config import RedisConfig
+from cdc.metrics import Metrics
+from cdc.reachability import redis_component
 from publishers import control
 from publishers.leases import Leases
 from publishers.manager import DataManager
@@ -48,6 +50,7 @@ class StandInPipeline:
     def __init__(self, manager: DataManager, tables: list[str]) -> None:
         self.manager = manager
         self.trackers = [StandInTracker(table) for table in tables]
+        self.redis = redis_component(Metrics())  # each round tells it whether Redis answers
 
     def tracker(self, table: str) -> StandInTracker:
         return next(t for t in self.trackers if t.table == table)

@@ -111,7 +111,7 @@ def test_a_blocked_read_raises_apply_blocked_and_is_never_passed(line: Checkpoin
     assert line.applied == 20  # up to the blocked read, not over it
     with pytest.raises(ApplyBlocked):  # it stays at the head
         line.advance()
-    assert (line.applied, line.oldest_read_age()) == (20, 0.0)
+    assert (line.applied, line.lag()) == (20, 0.0)  # fresh as of the first read
     assert not line.empty
 
 
@@ -236,10 +236,92 @@ def test_reset_forgets_the_reads_in_flight(line: CheckpointLine) -> None:
     assert line.advance() is False
 
 
-def test_oldest_read_age_is_the_lag_of_the_head(line: CheckpointLine, clock: Clock) -> None:
-    assert line.oldest_read_age() == 0.0
-    line.register(read(20))
+def test_lag_is_the_age_of_the_newest_read_whose_changes_are_all_applied(
+    line: CheckpointLine, clock: Clock
+) -> None:
+    first = read(20)
+    line.register(first)  # at 100
     clock.now += 3.0
-    line.register(read(30))
+    second = read(30)
+    line.register(second)  # at 103
+    clock.now += 2.0
+    assert line.lag() == 5.0  # reset() at 100 knew no freshness: since then
 
-    assert line.oldest_read_age() == 3.0
+    first.applied()
+    line.advance()
+    assert line.lag() == 5.0  # fresh as of the first read (100)
+    second.applied()
+    line.advance()
+    assert line.lag() == 2.0  # as of the second read (103)
+
+
+def test_lag_grows_while_nothing_is_read_or_applied(line: CheckpointLine, clock: Clock) -> None:
+    """The source away (no read at all), or Redis away (a read never applied):
+    it is the lag that tells, not a reading of 0."""
+    idle = read(20, changes=0)
+    line.register(idle)
+    line.advance()
+    clock.now += 60.0  # no read for a minute
+    assert line.lag() == 60.0
+    stuck = read(30)
+    line.register(stuck)  # read, never applied
+    clock.now += 60.0
+    line.advance()
+    assert line.lag() == 120.0
+
+
+def test_lag_of_an_idle_table_is_its_poll_interval(line: CheckpointLine, clock: Clock) -> None:
+    for version in range(20, 30):
+        clock.now += 0.5  # a poll every half second, nothing found
+        ticket = read(version, changes=0)
+        line.register(ticket)
+        line.advance()
+        assert line.lag() == 0.0
+    clock.now += 0.5
+    assert line.lag() == 0.5
+
+
+def test_a_table_never_fresh_lags_since_its_line_started(clock: Clock) -> None:
+    line = CheckpointLine("dbo.items", clock=clock)
+    line.reset(None)  # no checkpoint: its first snapshot runs
+    clock.now += 40.0
+    assert line.lag() == 40.0
+    line.snapshotted(500, started_at=110.0)
+    assert (line.applied, line.lag()) == (500, 30.0)
+
+
+def test_a_stored_checkpoint_keeps_its_freshness(clock: Clock) -> None:
+    """Taken on from Redis: the stored checkpoint was fresh when it was
+    written; the lag counts from there until a read is applied."""
+    line = CheckpointLine("dbo.items", clock=clock)
+    line.reset(10, fresh_at=clock.now - 3600.0)
+    assert line.lag() == 3600.0
+    assert line.persisted_age() == 3600.0
+
+
+def test_the_persisted_age_is_that_of_the_checkpoint_written(line: CheckpointLine, clock: Clock) -> None:
+    assert line.persisted_age() is None  # reset() knew no freshness
+    ticket = read(20)
+    line.register(ticket)
+    ticket.applied()
+    line.advance()
+    line.persisted_now()
+    clock.now += 10.0
+    later = read(30)
+    line.register(later)
+    later.applied()
+    line.advance()  # applied, not yet written
+    assert (line.lag(), line.persisted_age()) == (0.0, 10.0)
+
+
+def test_fresh_now_only_when_nothing_waits(line: CheckpointLine, clock: Clock) -> None:
+    ticket = read(20)
+    line.register(ticket)
+    clock.now += 5.0
+    line.fresh_now()  # a read waits to be applied: not fresh
+    assert line.lag() == 5.0
+    ticket.applied()
+    line.advance()
+    clock.now += 5.0
+    line.fresh_now()
+    assert line.lag() == 0.0

@@ -15,6 +15,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from cdc.daemon import Daemon
+from cdc.reachability import ObservedSource
 from cdc.sources.postgres import PostgresSource
 from publishers.layout import Layout
 from tests.e2e import create_tables, enable_tracking, make_config, wait_for
@@ -73,7 +74,7 @@ async def test_a_change_after_the_sidecars_backends_are_killed_arrives_within_se
         await _insert(postgres_dsn, pg_schema, 1)
         await _arrival(redis_client, namespace, 1, 30)
         source, tracker = daemon.source, daemon.pipeline.tracker(f"{pg_schema}.items")
-        assert isinstance(source, PostgresSource)
+        assert isinstance(source, ObservedSource) and isinstance(source.inner, PostgresSource)
 
         async def asleep_until_notified() -> bool:
             info = tracker.describer.info
