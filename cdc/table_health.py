@@ -4,7 +4,8 @@
     snapshotting  loading the whole table
     streaming     following its changes
     degraded      its last step failed (``error`` says why); it retries
-    stopped       given back, or the sidecar stops
+    stopped       not run by this sidecar: given back, another sidecar's, never
+                  taken, or the sidecar stops
 
 Every state change moves the ``cdc_table_state{table, state}`` gauge: 1 for
 the current state, 0 for the others (Prometheus' way of exporting an enum).
