@@ -155,8 +155,9 @@ class ObservedSource:
         upto: int | None = None,
         after: Cursor | None = None,
     ) -> ChangePage:
+        quiet = upto is None and after is None and self.inner.quiet_for(info, since) > 0
         read = self.inner.read_changes(info, since, limit=limit, upto=upto, after=after)
-        if upto is None and after is None and self.inner.quiet_for(info, since) > 0:
+        if quiet:
             return await read  # answered without a round trip: no evidence either way
         return await self.component.observe(read)
 

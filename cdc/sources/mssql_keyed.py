@@ -25,12 +25,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from cdc.errors import TrackingNotEnabled
 from cdc.sources import mssql_sql as sql
 from cdc.sources.base import KeyedRows
 from cdc.sources.mssql_catalog import DescribedTable
-from cdc.sources.mssql_link import execute, fetch_all, fetch_one, fetch_scalar, rollback_quietly
-from cdc.sources.mssql_reads import check_identity, min_valid_is_null, snapshot_row
+from cdc.sources.mssql_link import execute, fetch_all, rollback_quietly
+from cdc.sources.mssql_reads import snapshot_row
+from cdc.sources.mssql_snapshot import begin_at_current_version
 
 _CHAR_TYPES = frozenset({"char", "varchar"})
 _BINARY_TYPES = frozenset({"binary", "varbinary"})
@@ -65,18 +65,8 @@ def _key_parameter(declared_type: str, collation: str | None, value: Any) -> tup
 def read_rows(conn: Any, described: DescribedTable, keys: Sequence[dict[str, Any]]) -> KeyedRows:
     """On the link's thread: one SNAPSHOT transaction, the version first (the module docstring)."""
     info, shape = described.info, described.shape
-    execute(conn, sql.SET_SNAPSHOT)
-    execute(conn, sql.BEGIN)
     try:
-        current = fetch_scalar(conn, sql.CURRENT_VERSION)
-        if current is None:
-            raise TrackingNotEnabled(
-                f"{info.table}: CHANGE_TRACKING_CURRENT_VERSION() is NULL: change tracking is off"
-            )
-        min_valid, object_id = fetch_one(conn, sql.min_valid_version(info.schema, info.name))
-        check_identity(info, object_id)
-        if min_valid is None:
-            raise TrackingNotEnabled(min_valid_is_null(info.table))
+        current, _ = begin_at_current_version(conn, info)
         rows: list[dict[str, Any] | None] = []
         for key in keys:
             raw = fetch_all(conn, row_by_key(shape, [key[c] for c in shape.primary_key]))

@@ -141,6 +141,15 @@ def snapshot_begin(conn: Any, info: TableInfo) -> tuple[int, int | None]:
     any table is read, so the table's rows include everything up to it."""
     execute(conn, sql.SET_READ_COMMITTED)
     estimate = fetch_scalar(conn, catalog_sql.row_estimate(info.schema, info.name))
+    current, min_valid = begin_at_current_version(conn, info)
+    check_snapshot_versions(info.table, min_valid, current)
+    return current, None if estimate is None else int(estimate)
+
+
+def begin_at_current_version(conn: Any, info: TableInfo) -> tuple[int, int]:
+    """Open a SNAPSHOT transaction and read, first, the current version and the
+    table's minimum valid version (its identity checked): what is read in it
+    next includes everything up to that version. (current, min_valid)."""
     execute(conn, sql.SET_SNAPSHOT)
     execute(conn, sql.BEGIN)
     current = fetch_scalar(conn, sql.CURRENT_VERSION)
@@ -152,8 +161,7 @@ def snapshot_begin(conn: Any, info: TableInfo) -> tuple[int, int | None]:
     check_identity(info, object_id)
     if min_valid is None:
         raise TrackingNotEnabled(min_valid_is_null(info.table))
-    check_snapshot_versions(info.table, int(min_valid), int(current))
-    return int(current), None if estimate is None else int(estimate)
+    return int(current), int(min_valid)
 
 
 def chunk_begin(conn: Any, info: TableInfo, version: int) -> None:
