@@ -16,7 +16,7 @@ The retention cleanup (every ``source.cleanup_interval``; 0: never) calls
 ``<schema>.cleanup(...)``: EXECUTE on it, and, unless the function is
 ``SECURITY DEFINER`` (then it runs with its owner's privileges), what its body
 does as the caller: ``SELECT ... FOR UPDATE`` and ``UPDATE`` on the registry,
-``DELETE`` from each net table, and INSERT, UPDATE, DELETE on the
+``DELETE`` from each net table, and SELECT, INSERT, UPDATE, DELETE on the
 deployments' retention claims (``pg_retention``). Whether it is a
 definer, and its argument list, are read from ``pg_proc``, so the check
 follows the function that is installed. These are privilege checks
@@ -154,10 +154,11 @@ def cleanup_needs(
             )
         )
         if function in scoped:
+            # SELECT too: it reads the claims (max(retention), FOR UPDATE SKIP LOCKED)
             why = "cleanup renews this deployment's retention claims and drops lapsed ones"
             needs += [
                 Need(SHARED, privilege, "table", tracking, pg_retention.CLAIMS, why, cleanup=True)
-                for privilege in ("INSERT", "UPDATE", "DELETE")
+                for privilege in ("SELECT", "INSERT", "UPDATE", "DELETE")
             ]
         for table_config in tables:
             net = net_table_name(table_config.schema, table_config.name)

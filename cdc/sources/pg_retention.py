@@ -45,7 +45,7 @@ version has read them already, and any other reader is told its checkpoint
 expired.
 
 What the source user needs for the sidecar's cleanup (besides reading):
-UPDATE on ``tracked_tables``, INSERT, UPDATE, DELETE on ``retention_claims``
+UPDATE on ``tracked_tables``, SELECT, INSERT, UPDATE, DELETE on ``retention_claims``
 and DELETE on every net table (``cleanup_grants``).
 """
 
@@ -163,7 +163,7 @@ def cleanup_grants(schema: str, user: str) -> str:
     registry, claims = sql.Identifier(schema, "tracked_tables"), sql.Identifier(schema, CLAIMS)
     return (
         f"grant update on {registry.as_string()} to {who}; "
-        f"grant insert, update, delete on {claims.as_string()} to {who}; "
+        f"grant select, insert, update, delete on {claims.as_string()} to {who}; "
         f"grant delete on all tables in schema {sql.Identifier(schema).as_string()} to {who}"
     )
 
