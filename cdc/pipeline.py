@@ -26,12 +26,13 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_random
 
 from cdc.batching import AutoBatchWorker
 from cdc.config import Config, TableConfig
-from cdc.errors import TransientError
+from cdc.errors import ConfigError, TransientError
 from cdc.metrics import Metrics
 from cdc.reachability import APPLY, ObservedSource, redis_component, source_component
 from cdc.sources import make_source
 from cdc.sources.base import ChangeSource
 from cdc.tracker import ChangeTracker
+from publishers import control
 from publishers.manager import DataManager
 from publishers.model import ApplyResult, Change
 
@@ -104,8 +105,18 @@ class Pipeline:
         await self.source.connect()
         if self._manager is None:
             self._manager = await self.redis.observe(DataManager.connect(self.config.redis))
+            await self._refuse_a_replica(self._manager)
         else:
             self.redis.answered()  # given connected (the tests, cdc snapshot's own)
+
+    async def _refuse_a_replica(self, manager: DataManager) -> None:
+        """A replica as ``redis.url`` refuses every write (READONLY), which
+        would read as an outage, retried for ever, while the start-up cleanup
+        claims the source's retention for a deployment that mirrors nothing:
+        a config mistake, exit 2, as ``cdc validate`` says (DESIGN.md section 6)."""
+        problems = await control.primary_problems(manager)
+        if problems:
+            raise ConfigError(f"redis.url ({self.config.path}): {'; '.join(problems)}")
 
     async def watch_shapes(self, trackers: Sequence[ChangeTracker]) -> None:
         """Tell ``trackers`` their table's fingerprint at the source now (one

@@ -94,6 +94,11 @@ async def test_a_replica_is_an_error_in_doctor_and_refused_by_validate(
     assert validate.returncode == 2, validate.stdout + validate.stderr
     assert "error redis.url" in validate.stdout and "is a replica" in validate.stdout
 
+    # the sidecar refuses it too, before it writes anything (its start-up cleanup claims retention)
+    run = cdc("run", "-c", str(path), "--once")
+
+    assert run.returncode == 2 and "is a replica" in run.stderr, run.stderr
+
     path.write_text(config_text(tables, postgres_dsn, redis_url, namespace))
     primary = cdc("doctor", "-c", str(path), "--json")
     assert [f["level"] for f in findings(primary)["redis role"]] == ["ok"]
