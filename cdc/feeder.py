@@ -109,6 +109,7 @@ class RowFeeder:
     ) -> None:
         """Record a row that cannot be applied: with its partition, section
         and key (``address``) when they are known, and ``payload``."""
-        log.error("change dead-lettered", extra={"table": self.info.table, "reason": reason})
+        key = payload.get("key")
+        log.error("change dead-lettered", extra={"table": self.info.table, "key": key, "reason": reason})
         self._dead_lettered.inc()
         await self.manager.dead_letter(address, reason, table=self.info.table, payload=payload)
