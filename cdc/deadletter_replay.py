@@ -62,13 +62,12 @@ class Outcome:
     """What became of a table's entries."""
 
     table: str
-    replayed: list[str] = field(
-        default_factory=list
-    )  # entry ids applied (or older than the document), removed
-    failed_again: list[tuple[str, str]] = field(default_factory=list)  # (id, reason): back in the dead letter
-    left: list[tuple[str, str]] = field(
-        default_factory=list
-    )  # (id, why): still in the dead letter, untouched
+    # entry ids applied (or older than the document), removed
+    replayed: list[str] = field(default_factory=list)
+    # (id, reason): back in the dead letter
+    failed_again: list[tuple[str, str]] = field(default_factory=list)
+    # (id, why): still in the dead letter, untouched
+    left: list[tuple[str, str]] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return {
