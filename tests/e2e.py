@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -143,6 +145,16 @@ async def actual_documents(
                 }
                 out[(partition, section, key)] = doc
     return out
+
+
+def cdc(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """The command line as a user runs it: a process of its own, text logs."""
+    return subprocess.run(
+        [sys.executable, "-m", "cdc.cli", "--text-logs", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 async def wait_for(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:

@@ -142,37 +142,31 @@ def cleanup_needs(
         )
         if function.definer:
             continue  # runs as its owner: EXECUTE is all the caller needs
-        needs.append(
-            Need(
-                SHARED,
-                "UPDATE",
-                "table",
-                tracking,
-                REGISTRY,
-                "cleanup raises minimum valid versions",
-                cleanup=True,
-            )
-        )
+        why = "cleanup raises minimum valid versions"
+        needs += [
+            Need(SHARED, privilege, "table", tracking, REGISTRY, why, cleanup=True)
+            for privilege in pg_retention.REGISTRY_PRIVILEGES
+        ]
         if function in scoped:
-            # SELECT too: it reads the claims (max(retention), FOR UPDATE SKIP LOCKED)
             why = "cleanup renews this deployment's retention claims and drops lapsed ones"
             needs += [
                 Need(SHARED, privilege, "table", tracking, pg_retention.CLAIMS, why, cleanup=True)
-                for privilege in ("SELECT", "INSERT", "UPDATE", "DELETE")
+                for privilege in pg_retention.CLAIMS_PRIVILEGES
             ]
         for table_config in tables:
             net = net_table_name(table_config.schema, table_config.name)
-            needs.append(
+            needs += [
                 Need(
                     table_config.table,
-                    "DELETE",
+                    privilege,
                     "table",
                     tracking,
                     net,
                     "cleanup deletes old entries",
                     cleanup=True,
                 )
-            )
+                for privilege in pg_retention.NET_TABLE_PRIVILEGES
+            ]
     return _unique(needs)
 
 

@@ -64,6 +64,14 @@ CLAIMS = "retention_claims"
 SCOPED_SIGNATURE = "interval, text, text[], interval"
 SCOPED_ARGS = "keep interval, for_deployment text, only_tables text[], claim_for interval"
 
+# What the scoped cleanup does as its caller (it is not SECURITY DEFINER), per
+# object: the one list that ``cleanup_grants`` (the failing cleanup's message),
+# ``cdc doctor`` and ``--grant-to`` (``pg_grants.cleanup_needs``) all read.
+# SELECT on the claims: it reads them (max(retention), FOR UPDATE SKIP LOCKED).
+REGISTRY_PRIVILEGES = ("UPDATE",)
+CLAIMS_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
+NET_TABLE_PRIVILEGES = ("DELETE",)
+
 CLAIMS_TABLE = """
 create table if not exists {claims} (
     table_name text not null references {registry} (table_name) on delete cascade,
@@ -161,10 +169,14 @@ def cleanup_grants(schema: str, user: str) -> str:
     """The statements that let ``user`` run the sidecar's cleanup (an owner runs them)."""
     who = sql.Identifier(user).as_string()
     registry, claims = sql.Identifier(schema, "tracked_tables"), sql.Identifier(schema, CLAIMS)
-    return (
-        f"grant update on {registry.as_string()} to {who}; "
-        f"grant select, insert, update, delete on {claims.as_string()} to {who}; "
-        f"grant delete on all tables in schema {sql.Identifier(schema).as_string()} to {who}"
+    net_tables = f"all tables in schema {sql.Identifier(schema).as_string()}"
+    granted = (
+        (REGISTRY_PRIVILEGES, registry.as_string()),
+        (CLAIMS_PRIVILEGES, claims.as_string()),
+        (NET_TABLE_PRIVILEGES, net_tables),
+    )
+    return "; ".join(
+        f"grant {', '.join(p.lower() for p in privileges)} on {on} to {who}" for privileges, on in granted
     )
 
 

@@ -19,16 +19,7 @@ from cdc.daemon import Daemon
 from cdc.devservers import RedisServer, free_port
 from publishers.leases import Leases
 from publishers.manager import DataManager
-from tests.e2e import assert_mirrored, create_tables, make_config, wait_for, write_config
-
-
-def cdc(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cdc.cli", "--text-logs", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+from tests.e2e import assert_mirrored, cdc, create_tables, make_config, wait_for, write_config
 
 
 @pytest.fixture

@@ -6,24 +6,16 @@ message, are in test_config_limits.py."""
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.e2e import cdc
+
 PASSWORD = "Zr8/kk@2p#x"
 HEAD = "source:\n  kind: postgres\n  dsn: postgresql://cdc@127.0.0.1:1/planning\n"
 TABLE = "tables:\n  - table: public.forecasts\n"
-
-
-def cdc(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cdc.cli", "--text-logs", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def refused(result: subprocess.CompletedProcess[str]) -> str:

@@ -15,8 +15,6 @@ made with CREATE ROLE ... LOGIN, the command line run as each of them.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -29,16 +27,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from cdc.sources.pg_tracking import net_table_name
-from tests.e2e import assert_mirrored, config_text, create_tables
-
-
-def cdc(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cdc.cli", "--text-logs", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+from tests.e2e import assert_mirrored, cdc, config_text, create_tables
 
 
 async def admin(dsn: str, *statements: str | sql.Composable) -> None:

@@ -14,8 +14,6 @@ sidecar, against real PostgreSQL and Redis: what a user reads in Redis.
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,7 +26,7 @@ from cdc.config import Config, parse_config
 from cdc.daemon import Daemon
 from publishers.layout import Layout
 from tests.cdc.pg_type_zoo import DEAD, DEEP, PI, SETUP, ZOO, quoted
-from tests.e2e import wait_for
+from tests.e2e import cdc, wait_for
 
 
 def config_text(dsn: str, redis_url: str, namespace: str, schema: str, tables: Mapping[str, str]) -> str:
@@ -161,12 +159,6 @@ async def _count(client: aioredis.Redis, layout: Layout, count: int) -> bool:
 
 
 # -- refused before anything is installed ------------------------------------------------------
-
-
-def cdc(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cdc.cli", "--text-logs", *args], capture_output=True, text=True, timeout=60
-    )
 
 
 @pytest.mark.timeout(60)
