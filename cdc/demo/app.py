@@ -86,6 +86,10 @@ class Demo:
                 await self._watch(watcher, display, duration, kill_after)
             finally:
                 display.close()
+            say(
+                f"logs: {_shown_path(self.root)}/sidecar-*.log"
+                + (", demo.log" if display.interactive else "")
+            )
             return await self._finish(watcher, reader, writing)
         finally:
             self.stop.set()
@@ -169,10 +173,10 @@ class Demo:
         if victim is None:
             return
         victim.kill()
+        watcher.killed_at[victim.name] = time.monotonic()
         self.kills += 1
         watcher.event(
-            f"killed sidecar {victim.name} (SIGKILL, pid {victim.pid}), owner of {table}:"
-            f" its lease runs out within {database.LEASE_TTL}, then another sidecar takes over"
+            f"SIGKILL to sidecar {victim.name} (owner of {table}); its lease lasts {database.LEASE_TTL}"
         )
 
     def _replace_killed(self, watcher: Watcher, tables: list[TableView]) -> None:
@@ -186,8 +190,8 @@ class Demo:
             return
         self.replaced += 1
         sidecar = self.sidecars.start_one()
-        for_what = "the tables are shared again" if live else "it takes the tables once the leases run out"
-        watcher.event(f"started sidecar {sidecar.name} (pid {sidecar.pid}): {for_what}")
+        for_what = "to share the tables again" if live else "to take the tables once the leases run out"
+        watcher.event(f"started sidecar {sidecar.name} {for_what}")
 
     # -- the stop --------------------------------------------------------------------
 
@@ -205,6 +209,8 @@ class Demo:
         comparisons = await compare_all(watcher, reader)
         reloads = sum(s.reloads for s in watcher.subscribers.values())
         say(f"subscribers: {len(watcher.subscribers)} partitions followed, {reloads} reload(s)")
+        if self.kills:
+            say(f"{self.kills} sidecar(s) killed during the run (SIGKILL): the others took their tables over")
         for comparison in comparisons:
             say(comparison.line())
         return 0 if all(c.same for c in comparisons) else 1

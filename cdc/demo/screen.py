@@ -21,32 +21,50 @@ from cdc.demo.compare import same_value
 from cdc.demo.view import Header, MessageView, PartitionView, RowView, SidecarView, TableView, View
 
 ELLIPSIS = "…"
+SHOWN_EVENTS = 3  # the latest kills, take-overs and starts
 MIN_MESSAGES = 3  # below this, blank separator lines are given up to show more
 
 
 def render(view: View, width: int, height: int) -> list[str]:
-    """The screen for ``view``, cut to ``width`` x ``height``."""
+    """The screen for ``view``, cut to ``width`` x ``height``. On a small
+    terminal, what costs lines is given up, in this order, until at least
+    ``MIN_MESSAGES`` messages fit: blank separators, all but the latest
+    event, the titles of the messages and of the footer. The header (top)
+    and the footer (bottom) always stay whole."""
     width = max(20, width)
-    top = [*_title(view), *_header(view.header, width), *_sidecars(view.sidecars)]
-    tables = _tables(view.tables, width)
-    partitions = _partitions(view.partitions, width)
-    row = _row(view.header.featured, view.row)
-    events = [f"  {event}" for event in view.events[-2:]]
-    footer = footer_lines(view, width)
-    blocks = [top, [*tables, *partitions], row]
-    fixed = sum(len(b) for b in blocks) + len(events) + len(footer) + 1  # +1: the messages' title
-    spaced = height - fixed - len(blocks) >= MIN_MESSAGES
-    lines: list[str] = []
+    blocks = [
+        [*_title(view), *_header(view.header, width), *_sidecars(view.sidecars)],
+        [*_tables(view.tables, width), *_partitions(view.partitions, width)],
+        _row(view.header.featured, view.row),
+    ]
+    for level in range(COMPACT_LEVELS):
+        body, footer, room = _assemble(view, blocks, width, height, level)
+        if room >= MIN_MESSAGES:
+            break
+    body = body[: max(0, height - len(footer))]
+    return [_cut(line, width) for line in [*body, *footer][:height]]
+
+
+COMPACT_LEVELS = 4
+
+
+def _assemble(
+    view: View, blocks: list[list[str]], width: int, height: int, level: int
+) -> tuple[list[str], list[str], int]:
+    """(body, footer, room for messages) at compaction ``level`` (0: none)."""
+    events = [f"  {event}" for event in view.events[-(SHOWN_EVENTS if level < 2 else 1) :]]
+    footer = footer_lines(view, width, titled=level < 3)
+    titled = level < 3
+    body: list[str] = []
     for block in blocks:
-        lines += block
-        if spaced:
-            lines.append("")
-    room = max(0, height - len(lines) - len(events) - len(footer) - 1)
-    lines.append(f"change messages (the last {min(room, len(view.messages))}, newest at the bottom)")
-    lines += [message_line(m) for m in view.messages[-room:]] if room else []
-    lines += events
-    lines += footer
-    return [_cut(line, width) for line in lines[:height]]
+        body += [*block, ""] if level == 0 else block
+    room = max(0, height - len(body) - len(events) - len(footer) - int(titled))
+    shown = view.messages[-room:] if room else []
+    if titled:
+        body.append(f"change messages (the last {len(shown)}, newest at the bottom)")
+    body += [message_line(m) for m in shown]
+    body += events
+    return body, footer, room
 
 
 # -- blocks --------------------------------------------------------------------
@@ -59,22 +77,20 @@ def _title(view: View) -> list[str]:
 
 def _header(header: Header, width: int) -> list[str]:
     postgres, redis = f"PostgreSQL {header.dsn}", f"Redis {header.redis_url}"
-    joined = f"{postgres}   {redis}"
+    joined = f"{postgres}  {redis}"
     return [joined] if len(joined) <= width else [postgres, redis]
 
 
 def _sidecars(sidecars: Sequence[SidecarView]) -> list[str]:
-    return [_sidecar_line(s) for s in sidecars]
+    lines = [_sidecar_line(s) for s in sidecars if s.alive]
+    killed = [f"{s.name} (pid {s.pid})" for s in sidecars if not s.alive]
+    return [*lines, "killed: " + ", ".join(killed)] if killed else lines
 
 
 def _sidecar_line(sidecar: SidecarView) -> str:
-    if not sidecar.alive:
-        return f"sidecar {sidecar.name} pid {sidecar.pid}: killed"
-    ready = {None: "unreachable", 200: "200 ready", 503: "503 not ready"}.get(
-        sidecar.ready, str(sidecar.ready)
-    )
-    owns = ", ".join(sidecar.tables) if sidecar.tables else "standby (no table)"
-    return f"sidecar {sidecar.name} pid {sidecar.pid}  {sidecar.health_url}/readyz {ready}  owns {owns}"
+    ready = {None: "unreachable", 200: "ready", 503: "not ready (503)"}.get(sidecar.ready, str(sidecar.ready))
+    owns = "owns " + ", ".join(sidecar.tables) if sidecar.tables else "standby"
+    return f"sidecar {sidecar.name} pid {sidecar.pid} {sidecar.health_url} {ready}, {owns}"
 
 
 TABLE_COLUMNS = ("table", "state", "changes/s", "lag s", "snapshot", "PostgreSQL", "Redis", "replica")
@@ -126,11 +142,11 @@ def _row(featured: str, row: RowView | None) -> list[str]:
         return [f"row {featured}: not read yet"]
     columns = list((row.postgres or row.replica or {}).keys())
     lines = [f"row {featured}: {agreement(row)}"]
-    lines.append("  PostgreSQL    " + _fields(columns, row.postgres, encoded=False))
+    lines.append("  PostgreSQL " + _fields(columns, row.postgres, encoded=False))
     redis = row.redis or {}
     extra = [f for f in ("@v",) if f in redis]
-    lines.append("  Redis HGETALL " + _fields([*columns, *extra], redis, encoded=True))
-    lines.append("  replica       " + _fields(columns, row.replica, encoded=False))
+    lines.append("  Redis hash " + _fields([*columns, *extra], redis, encoded=True))
+    lines.append("  replica    " + _fields(columns, row.replica, encoded=False))
     return lines
 
 
@@ -147,7 +163,7 @@ def agreement(row: RowView) -> str:
         if places:
             behind.append(f"{name} ({' and '.join(places)} behind)")
     if not behind:
-        return "PostgreSQL, Redis and the replica agree"
+        return "all three agree"
     return "a change in flight: " + ", ".join(behind)
 
 
@@ -170,7 +186,7 @@ def _fields(columns: Sequence[str], values: dict[str, Any] | None, *, encoded: b
     return " ".join(shown)
 
 
-def footer_lines(view: View, width: int) -> list[str]:
+def footer_lines(view: View, width: int, *, titled: bool = True) -> list[str]:
     """The commands to try, each exactly runnable from where the demo started."""
     header = view.header
     health = next((s.health_url for s in view.sidecars if s.alive), None)
@@ -181,7 +197,7 @@ def footer_lines(view: View, width: int) -> list[str]:
         f"{header.cdc} subscribe -c {header.config_path} --partition {partition}",
         f'{header.psql} -c "{header.update_sql}"',
     ]
-    lines = ["try in another terminal (from here):"]
+    lines = ["try in another terminal (from here):"] if titled else []
     for command in commands:
         lines += wrap_command(command, width, indent="  ")
     return lines

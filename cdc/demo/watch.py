@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cdc import status_cmd
 from cdc.config import Config
 from cdc.demo.database import FEATURED_ID, FEATURED_TABLE, SECTIONS, TABLES, Reader
-from cdc.demo.sidecars import Sidecars, worker_pid
+from cdc.demo.sidecars import Sidecar, Sidecars, worker_pid
 from cdc.demo.view import Header, MessageView, PartitionView, RowView, SidecarView, TableView, View
 from cdc.sources import make_source
 from publishers.manager import DataManager
@@ -37,7 +37,8 @@ class Watcher:
         self.messages: deque[MessageView] = deque(maxlen=KEPT_MESSAGES)
         self._arrivals: dict[str, deque[float]] = {t.table: deque() for t in TABLES}
         self.events: list[str] = []
-        self._owners: dict[str, str | None] = {}
+        self._owners: dict[str, str | None] = {}  # table -> the name of the sidecar last seen streaming it
+        self.killed_at: dict[str, float] = {}  # sidecar name -> when the demo killed it (monotonic)
         self.manager: DataManager | None = None
         self.source = make_source(config.source)
         self.started = time.monotonic()
@@ -141,9 +142,9 @@ class Watcher:
         """Each sidecar with its readiness and tables; the owners' lag per table."""
         owned: dict[int, list[str]] = {}
         for table in status["tables"]:
-            pid = worker_pid(table["owner"]) if table["owner"] and table["worker_state"] else None
-            if pid is not None:
-                owned.setdefault(pid, []).append(table["table"])
+            owner = self._owner(table)
+            if owner is not None and owner.pid is not None and table["worker_state"]:
+                owned.setdefault(owner.pid, []).append(table["table"])
         self._note_owners(status)
         views, lags = [], {}
         for sidecar in self.sidecars.all:
@@ -160,14 +161,31 @@ class Watcher:
     def _note_owners(self, status: dict[str, Any]) -> None:
         """An event each time a table changes hands."""
         for table in status["tables"]:
-            pid = worker_pid(table["owner"]) if table["owner"] and table["worker_state"] else None
-            sidecar = self.sidecars.by_pid(pid) if pid is not None else None
-            name = sidecar.name if sidecar else None
+            sidecar = self._owner(table)
+            name = sidecar.name if sidecar and sidecar.alive else None
             before = self._owners.get(table["table"])
             if name is not None and before is not None and name != before:
-                self.event(f"{table['table']}: sidecar {name} took over from {before}")
+                killed = self.killed_at.get(before)
+                since = f", {time.monotonic() - killed:.1f}s after {before} was killed" if killed else ""
+                self.event(f"{table['table']} moved from sidecar {before} to {name}{since}")
             if name is not None:
                 self._owners[table["table"]] = name
+
+    def _owner(self, entry: dict[str, Any]) -> Sidecar | None:
+        """The sidecar holding the table's lease, if it is one of ours."""
+        pid = worker_pid(entry["owner"]) if entry["owner"] else None
+        return self.sidecars.by_pid(pid) if pid is not None else None
+
+    def table_state(self, entry: dict[str, Any]) -> str:
+        """The owner's state of the table (its heartbeat's); ``orphaned``
+        while the lease of a dead owner runs out (its heartbeat may outlive it
+        by up to lease_ttl: the demo knows whom it killed)."""
+        owner = self._owner(entry)
+        if entry["owner"] and (owner is None or owner.alive) and entry["worker_state"]:
+            return str(entry["worker_state"])
+        if entry["owner"]:
+            return "orphaned"
+        return "no owner"
 
     async def _lags(self, port: int) -> dict[str, float]:
         code, body = await http_get(port, "/metrics")
@@ -193,7 +211,7 @@ class Watcher:
             views.append(
                 TableView(
                     table=table.table,
-                    state=table_state(entry),
+                    state=self.table_state(entry),
                     rate=len(arrivals) / window,
                     lag_seconds=lags.get(table.table),
                     snapshot=snapshot_text(entry),
@@ -242,15 +260,6 @@ class Watcher:
         if self.manager is None:
             raise RuntimeError("the watcher is not started")
         return self.manager
-
-
-def table_state(entry: dict[str, Any]) -> str:
-    """The owner's state of the table; ``orphaned`` while a dead owner's lease runs out."""
-    if entry["owner"] and entry["worker_state"]:
-        return str(entry["worker_state"])
-    if entry["owner"]:
-        return "orphaned"
-    return "no owner"
 
 
 def snapshot_text(entry: dict[str, Any]) -> str:
