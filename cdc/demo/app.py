@@ -115,13 +115,22 @@ class Demo:
         return config
 
     def _signals(self) -> None:
+        """Ctrl-C and SIGTERM: the orderly stop (a second one: without waiting
+        for the drain). SIGHUP (the terminal closed): stop without waiting.
+        The servers and sidecars are in sessions of their own, so without
+        these the demo would die alone and leave them running."""
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self._interrupted)
+        loop.add_signal_handler(signal.SIGHUP, self._hung_up)
 
     def _interrupted(self) -> None:
         if self.stop.is_set():
             self.hurry.set()
+        self.stop.set()
+
+    def _hung_up(self) -> None:
+        self.hurry.set()
         self.stop.set()
 
     def _header(self) -> Header:

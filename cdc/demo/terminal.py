@@ -15,6 +15,7 @@ and each event as it happens.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -37,7 +38,9 @@ SUMMARY_EVERY = 5.0  # seconds between summary lines when not on a terminal
 
 
 def say(text: str, stream: TextIO | None = None) -> None:
-    print(f"[demo] {text}", file=stream or sys.stdout, flush=True)
+    """A line of progress; lost, not raised, once the terminal is gone (SIGHUP)."""
+    with contextlib.suppress(OSError):
+        print(f"[demo] {text}", file=stream or sys.stdout, flush=True)
 
 
 class Screen:
@@ -76,10 +79,12 @@ class Screen:
         if self._saved_tty is not None:
             fd = self.keys.fileno()
             asyncio.get_running_loop().remove_reader(fd)
-            termios.tcsetattr(fd, termios.TCSADRAIN, self._saved_tty)
+            with contextlib.suppress(termios.error, OSError):
+                termios.tcsetattr(fd, termios.TCSADRAIN, self._saved_tty)
             self._saved_tty = None
-        self.stream.write(LEAVE)
-        self.stream.flush()
+        with contextlib.suppress(OSError):  # the terminal may be gone (SIGHUP)
+            self.stream.write(LEAVE)
+            self.stream.flush()
         root = logging.getLogger()
         if self._saved_handlers:
             for handler in root.handlers:
