@@ -294,12 +294,27 @@ def deadletter_purge(config_path: str, table: str | None, ids: tuple[str, ...], 
 @click.option("--dir", "directory", default=".demo", show_default=True, help="Where servers and files live.")
 @click.option("--rate", default=20.0, show_default=True, help="Writer transactions per second.")
 @click.option("--duration", default=None, type=float, help="Stop after this many seconds.")
-def demo(directory: str, rate: float, duration: float | None) -> None:
-    """The embedded default: local PostgreSQL and Redis, demo tables, the sidecar,
-    a writer and a live view. Ctrl-C stops everything."""
+@click.option(
+    "--sidecars", default=2, show_default=True, type=click.IntRange(1, 8), help="Sidecars sharing the tables."
+)
+@click.option(
+    "--kill-after",
+    default=None,
+    type=float,
+    help="SIGKILL the sidecar streaming demo.forecasts after this many seconds (what the k key does).",
+)
+def demo(
+    directory: str, rate: float, duration: float | None, sidecars: int, kill_after: float | None
+) -> None:
+    """The product on one screen: local PostgreSQL and Redis, demo tables, sidecars,
+    a writer, a subscriber per partition. k kills a sidecar (another takes over);
+    Ctrl-C stops everything in order and checks the replicas against PostgreSQL
+    (exit 1 if they differ)."""
     from cdc.demo import run_demo
 
-    sys.exit(_run(run_demo(directory, rate=rate, duration=duration)))
+    sys.exit(
+        _run(run_demo(directory, rate=rate, duration=duration, sidecars=sidecars, kill_after=kill_after))
+    )
 
 
 def main() -> None:

@@ -88,6 +88,9 @@ class RedisServer:
     appendonly: bool = False
     extra: tuple[str, ...] = ()
     proc: subprocess.Popen[bytes] | None = None
+    # In a session of its own, Ctrl-C in a terminal does not reach it: its owner
+    # stops it when it is done with it (cdc demo, after the sidecars).
+    own_session: bool = False
 
     @property
     def url(self) -> str:
@@ -108,7 +111,9 @@ class RedisServer:
             "--maxmemory-policy", "noeviction",
             *self.extra,
         ]  # fmt: skip
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=self.own_session
+        )
         wait_until(lambda: _port_open(self.port), 20, f"redis-server on port {self.port}")
         return self
 
@@ -210,6 +215,7 @@ class PostgresServer:
     database: str = "cdc"
     proc: subprocess.Popen[bytes] | None = None
     settings: tuple[str, ...] = ()
+    own_session: bool = False  # as RedisServer.own_session
 
     @property
     def dsn(self) -> str:
@@ -263,7 +269,10 @@ class PostgresServer:
         for setting in self.settings:
             args += ["-c", setting]
         log = open(self.directory / "postgres.log", "ab")
-        self.proc = subprocess.Popen(args, stdout=log, stderr=log, preexec_fn=demote, cwd=str(self.directory))
+        self.proc = subprocess.Popen(
+            args, stdout=log, stderr=log, preexec_fn=demote, cwd=str(self.directory),
+            start_new_session=self.own_session,
+        )  # fmt: skip
         log.close()
         wait_until(self._accepting, 30, f"PostgreSQL on port {self.port}", interval=0.05)
         self._create_database(bindir)
