@@ -14,6 +14,8 @@ benchmarks, and writes bench/RESULTS.md and bench/results/results.json:
     ceiling    2. the apply path alone, and a naive client, on the same changes
     latency    3. commit to subscriber, at 3 offered loads, with and without wake-up
     idle       5. CPU of the sidecar with 50 idle tables
+    cpu        7. the drain's CPU (sidecar, Redis) against the plain commands a change stands for
+    subscriber 8. the subscriber client's messages/s, against jsonpatch
 
 Scratch files (configs, the sidecars' logs, RDB copies) go to bench/.work/.
 """
@@ -33,12 +35,14 @@ from typing import Any
 from bench import report
 from bench.ceiling import run_ceiling
 from bench.context import Context, Sizes
+from bench.cpu_reference import run_cpu_reference
 from bench.drain import run_drain, run_memory
 from bench.env import WORK, Env, LoadWatch, machine, other_load, versions
 from bench.idle import run_idle
 from bench.latency import run_latency
 from bench.notes import NOTES
 from bench.snapshot import run_snapshot
+from bench.subscriber_bench import run_subscriber
 
 BENCHMARKS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "snapshot": run_snapshot,
@@ -47,6 +51,8 @@ BENCHMARKS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "ceiling": run_ceiling,
     "latency": run_latency,
     "idle": run_idle,
+    "cpu": run_cpu_reference,
+    "subscriber": run_subscriber,
 }
 QUIET_PERCENT = 20.0  # CPU % of one core that other processes may use for the machine to count as quiet
 

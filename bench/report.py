@@ -61,10 +61,41 @@ def targets(results: dict[str, Any]) -> list[Target]:
                 out.append(Target(f"idle CPU, {idle['tables']} tables, {label} ({figure['seconds']:.0f}s)",
                                   "< 2% of one core", f"{figure['percent_of_one_core']}%",
                                   figure["percent_of_one_core"] < 2))  # fmt: skip
+    out += _issue_17_targets(results)
     snapshot = results.get("snapshot")
     if snapshot:
         out.append(Target(f"snapshot of {snapshot['rows']:,} rows", ">= 50,000 rows/s",
                           f"{snapshot['rows_per_second']:,} rows/s", snapshot["rows_per_second"] >= 50_000))  # fmt: skip
+    return out
+
+
+def _issue_17_targets(results: dict[str, Any]) -> list[Target]:
+    """The drain's CPU against the plain commands' Redis CPU, the drain against
+    the ceiling at batch 2000, and the subscriber's rate (issue 17, points 2 and 4)."""
+    out: list[Target] = []
+    cpu, drain, ceiling = results.get("cpu"), results.get("drain"), results.get("ceiling")
+    if cpu:
+        plain = cpu["reference_redis_usec"]
+        side, redis = cpu["drain"], cpu["redis"]
+        out.append(Target("sidecar CPU per drained change vs the plain commands' Redis CPU (batch 2000)",
+                          "<= 1.4x", f"{side['sidecar_usec_per_change']} µs = {cpu['sidecar_vs_reference']}x"
+                          f" {plain} µs", cpu["sidecar_vs_reference"] <= 1.4))  # fmt: skip
+        out.append(Target("Redis CPU of the apply vs the plain commands, same changes (batch 2000)",
+                          "<= 2.1x", f"{redis['apply_redis_usec']} µs = {redis['apply_vs_plain']}x {plain} µs",
+                          redis["apply_vs_plain"] <= 2.1))  # fmt: skip
+    if drain and ceiling:
+        run = next((r for r in drain["runs"] if r["batch_size"] == 2000), None)
+        top = next((c["changes_per_second"] for c in ceiling["ceiling"] if c["batch_size"] == 2000), None)
+        if run and top:
+            rate = run["changes_per_second"]
+            out.append(Target("drain, max_batch_size 2000: vs ceiling (issue 17)", ">= 60% of ceiling",
+                              f"{rate:,}/s = {100 * rate / top:.0f}% of {top:,}/s", rate >= 0.6 * top))  # fmt: skip
+    subscriber = results.get("subscriber")
+    if subscriber:
+        fast = subscriber["fast"]["messages_per_second"]
+        out.append(Target("subscriber applying messages to its replica", ">= 50,000 messages/s",
+                          f"{fast:,}/s ({subscriber['fast_vs_jsonpatch']}x jsonpatch's"
+                          f" {subscriber['jsonpatch']['messages_per_second']:,}/s)", fast >= 50_000))  # fmt: skip
     return out
 
 
@@ -233,6 +264,53 @@ def _sections(results: dict[str, Any]) -> list[str]:
             f" {snapshot['process_seconds']} | {snapshot['rows_per_second_whole_process']:,} |"
             f" {snapshot['sidecar_cpu_usec_per_row']} | {snapshot['server_cpu_seconds']['redis']} |"
             f" {snapshot['server_cpu_seconds']['postgres']} | {snapshot['peak_rss_mb']} |",
+            "",
+        ]
+    out += _issue_17_sections(results)
+    return out
+
+
+def _issue_17_sections(results: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    cpu = results.get("cpu")
+    if cpu:
+        side, redis = cpu["drain"], cpu["redis"]
+        out += [
+            "## 7. The drain's CPU against the plain commands",
+            "",
+            "Reference: the Redis CPU (`INFO cpu`) of the plain commands a change stands for, pipelined 2000"
+            " changes at a time: HSET of its fields with `@v` and `@ts`, SADD of its index entry (a delete: its"
+            " tombstone fields, SREM), INCR, XADD and PUBLISH of the message the apply published for it."
+            f" Apply: `DataManager.apply` in batches of {cpu['batch_size']} over the same"
+            f" {redis['changes']:,} changes of the backlog; the two interleaved, Redis restarted on the same RDB"
+            " file before each. Sidecar: `cdc run --once` draining the whole backlog at max_batch_size 2000,"
+            " less the same command with nothing left to drain (its fixed cost).",
+            "",
+            "| figure | µs/change | x reference |",
+            "|---|---:|---:|",
+            f"| Redis, plain commands (reference), per round | {' / '.join(map(str, redis['plain_redis_usec_per_change']))} | 1 |",
+            f"| Redis, apply, per round | {' / '.join(map(str, redis['apply_redis_usec_per_change']))} | {redis['apply_vs_plain']} |",
+            f"| Redis during the drain | {side['redis_usec_per_change']} | {cpu['drain_redis_vs_reference']} |",
+            f"| sidecar, drain less its fixed cost ({side['fixed_cpu_seconds']} s) | {side['sidecar_usec_per_change']} | {cpu['sidecar_vs_reference']} |",
+            f"| sidecar, whole process | {side['sidecar_usec_per_change_with_start']} | |",
+            "",
+        ]
+    subscriber = results.get("subscriber")
+    if subscriber:
+        fast, slow = subscriber["fast"], subscriber["jsonpatch"]
+        out += [
+            "## 8. Subscriber",
+            "",
+            f"One partition's stream of {subscriber['messages']:,} messages ({subscriber['keys']:,} inserts of the"
+            " drain's ten-column rows, an update of three columns of each, a delete of every tenth), read to its end"
+            " by a `Subscriber` that started before it was written, applying each to its replica; the same with"
+            " every patch applied by `jsonpatch.apply_patch` instead; interleaved, each replica checked against"
+            " Redis. CPU: the reading process's.",
+            "",
+            "| patches applied by | messages/s | CPU µs/message |",
+            "|---|---:|---:|",
+            f"| publishers.patching (fast path) | {fast['messages_per_second']:,} | {fast['cpu_usec_per_message']} |",
+            f"| jsonpatch | {slow['messages_per_second']:,} | {slow['cpu_usec_per_message']} |",
             "",
         ]
     return out

@@ -55,6 +55,7 @@ _SHAPE = bytes(
 )
 _LONG = b"0" * 16
 _RUN = re.compile(rb"0+")
+_EXPONENT = re.compile(rb"[eE][-+]?[0-9]+")
 _EXPONENTS = (b"e000", b"e-000")  # an exponent of three digits or more
 _BEFORE_NUMBER = frozenset(b":,[ \t\n\r")  # what precedes a number token in JSON (or its sign)
 _NUMBER_CHARS = frozenset(b"0123456789.")
@@ -97,15 +98,37 @@ def _long_number(raw: bytes, shape: bytes) -> bool:
 
 
 def _orjson_reads(raw: bytes, start: int, end: int) -> bool:
-    """Whether the run raw[start:end] of 16 or more digits and dots is an
-    integer orjson keeps exactly (a 64-bit one)."""
+    """Whether the run raw[start:end] of 16 or more digits and dots is a number
+    orjson reads as ``loads`` must: an integer it keeps exactly (a 64-bit one),
+    or a fraction whose float is that number (``_float_is_exact``)."""
     token = raw[start:end]
-    if b"." in token or raw[end : end + 1] in (b"e", b"E") or len(token) > 20:
+    if raw[end : end + 1] in (b"e", b"E"):
+        exponent = _EXPONENT.match(raw, end)
+        return exponent is not None and _float_is_exact(raw[start : exponent.end()])
+    if b"." in token:
+        return _float_is_exact(token)
+    if len(token) > 20:
         return False
     if len(token) < 19:
         return True
     negative = raw[start - 1 : start] == b"-"
     return int(token) <= 2**63 if negative else int(token) < 2**64
+
+
+def _float_is_exact(token: bytes) -> bool:
+    """Whether a fraction's float is the number its text says (``real`` would
+    return the float): then orjson, whose parsing is correctly rounded like
+    ``float()``'s (checked on 600,000 random doubles and 16-25 digit
+    decimals), returns the value the exact path would. Every double a source
+    writes is its shortest spelling, often 17 significant digits
+    (``1.5714285714285714``): without this, each message holding one took
+    the exact path, ten times slower (measured: 20 us against 2 us a message
+    of the drain benchmark's rows). A run that is no number (``1.2.3`` in a
+    string) is left to the exact path."""
+    try:
+        return isinstance(real(token.decode("ascii")), float)
+    except ValueError:
+        return False
 
 
 def _long_exponent(raw: bytes, shape: bytes) -> bool:

@@ -279,3 +279,20 @@ def test_the_blocking_wrapper(redis_url: str, namespace: str) -> None:
             await manager.close()
 
     assert copy["alpha"] == asyncio.run(documents())
+
+
+async def test_an_update_of_a_member_the_replica_lacks_reloads(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    """The fast path's replace of a top-level member (publishers.patching)
+    raises as jsonpatch does when the member is missing, so the replica is
+    reloaded, not silently given the member."""
+    await manager.apply([change("alpha", "1", 1, "I", Price="1", Qty="3")])
+    subscriber = Subscriber(manager.client, redis_config.namespace, P)
+    await subscriber.start()
+    del subscriber.replica["alpha"]["1"]["Price"]  # the replica lost a column somehow
+    subscriber.replica["alpha"]["1"]["Stale"] = 1
+    await manager.apply([change("alpha", "1", 2, "U", Price="2", Qty="3")])
+    await catch_up(subscriber, manager)
+    assert subscriber.reloads == 1
+    assert replica(subscriber) == await in_redis(manager) == {"alpha": {"1": {"Price": "2", "Qty": "3"}}}
