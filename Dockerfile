@@ -22,17 +22,25 @@ RUN pip wheel --wheel-dir /wheels .
 # -- run ---------------------------------------------------------------------------
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+# hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends unixodbc tdsodbc \
     && (odbcinst -q -d -n FreeTDS >/dev/null 2>&1 || odbcinst -i -d -f /usr/share/tdsodbc/odbcinst.ini) \
     && rm -rf /var/lib/apt/lists/*
+# The wheels are this source's, built in the stage above: nothing to pin from an index.
+# hadolint ignore=DL3013
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     pip install --no-index --find-links=/wheels cdc-sync
 RUN useradd --system --uid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin cdc
 USER 10001:10001
+# The config `cdc health` reads (the HEALTHCHECK's); a `docker run` that gives
+# another -c FILE sets CDC_CONFIG=FILE too.
+ENV CDC_CONFIG=/etc/cdc/tables.yaml
 EXPOSE 9478
-# /healthz is served on worker.health (127.0.0.1:9478 by default); python's urllib, no curl in the image
+# Probes /healthz where the config's worker.health listens (a wildcard bind such
+# as 0.0.0.0:9478 on loopback): exit 0 healthy, 1 not, 2 the config cannot say.
+# Kubernetes ignores HEALTHCHECK: deploy/kubernetes/ has the httpGet probes.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
-    CMD ["python", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:9478/healthz', timeout=4).status == 200 else 1)"]
+    CMD ["cdc", "health", "--timeout", "4"]
 ENTRYPOINT ["cdc"]
 CMD ["run", "-c", "/etc/cdc/tables.yaml"]

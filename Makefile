@@ -1,23 +1,34 @@
 # cdc-sync: `make demo` runs the sidecar on the embedded default, `make test` runs every check.
+# Each installs first what a fresh Debian/Ubuntu machine lacks (scripts/ensure-servers.sh: the
+# system packages, as root or with sudo), then the venv and the project, then runs.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install servers test test-mssql lint actionlint typecheck pytest demo bench bench-quick clean
+.PHONY: install system-python servers demo-servers test test-mssql lint actionlint typecheck pytest demo bench bench-quick clean
 
-install: $(STAMP)
+install: system-python $(STAMP)
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+# The venv module first: Debian ships python3 without it (python3-venv).
+system-python:
+	PYTHON=$(PYTHON) bash scripts/ensure-servers.sh python
+
+# A venv that a failed `python3 -m venv` left without pip (no python3-venv then) is made again.
+$(STAMP): pyproject.toml | system-python
+	$(BIN)/python -m pip --version >/dev/null 2>&1 || $(PYTHON) -m venv --clear $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-# System packages (redis-server, PostgreSQL, unixODBC, FreeTDS) when missing.
+# System packages when missing: the tests' (redis-server, PostgreSQL, unixODBC, FreeTDS,
+# promtool) and the demo's (redis-server, PostgreSQL).
 servers:
-	bash scripts/ensure-servers.sh
+	PYTHON=$(PYTHON) bash scripts/ensure-servers.sh test
+
+demo-servers:
+	PYTHON=$(PYTHON) bash scripts/ensure-servers.sh demo
 
 lint: install actionlint
 	$(BIN)/ruff check cdc publishers tests bench
@@ -41,8 +52,9 @@ test: lint typecheck pytest
 test-mssql: install servers
 	$(BIN)/python scripts/test_mssql.py
 
-demo: install servers
-	$(BIN)/cdc demo
+# DEMO_ARGS bounds or tunes it, e.g. make demo DEMO_ARGS='--duration 20'.
+demo: install demo-servers
+	$(BIN)/cdc demo $(DEMO_ARGS)
 
 bench: install servers
 	$(BIN)/python -m bench

@@ -218,6 +218,36 @@ def doctor(config_path: str, as_json: bool) -> None:
     sys.exit(_run(do_doctor(_load(config_path), as_json=as_json)))
 
 
+@cli.command()
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    required=True,
+    envvar="CDC_CONFIG",
+    type=click.Path(dir_okay=False),
+    help="The sidecar's YAML file (default: $CDC_CONFIG, which the image sets).",
+)
+@click.option("--ready", is_flag=True, help="Probe /readyz instead of /healthz.")
+@click.option(
+    "--timeout", default=4.0, show_default=True, type=click.FloatRange(min=0.1), help="Seconds to wait."
+)
+def health(config_path: str, ready: bool, timeout: float) -> None:
+    """Probe the running sidecar's /healthz (or /readyz) at the config's
+    worker.health, a wildcard bind (0.0.0.0, ::) on loopback: exit 0 healthy,
+    1 not, 2 when the config cannot say where (the image's HEALTHCHECK)."""
+    from cdc.healthcheck_cmd import check
+
+    config = _load(config_path)
+    try:
+        outcome = check(config, ready=ready, timeout=timeout)
+    except CdcError as exc:  # the config cannot say where to probe
+        click.echo(f"error: {redact(str(exc))}", err=True)
+        sys.exit(exc.exit_code)
+    click.echo(outcome.line)
+    sys.exit(outcome.exit_code)
+
+
 @cli.group()
 def deadletter() -> None:
     """See, replay and purge the changes that could not be applied (docs/DEADLETTERS.md).
