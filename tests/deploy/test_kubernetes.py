@@ -163,7 +163,7 @@ def test_the_probes_reach_the_port_the_config_listens_on_from_outside_the_pod(tm
     assert {kind: probe["path"] for kind, probe in probes.items()} == {
         "startupProbe": "/healthz",
         "livenessProbe": "/healthz",  # 200 while the source or Redis is away: no restart for their outage
-        "readinessProbe": "/readyz",
+        "readinessProbe": "/healthz",
     }
 
 
