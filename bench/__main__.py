@@ -14,6 +14,7 @@ benchmarks, and writes bench/RESULTS.md and bench/results/results.json:
     ceiling    2. the apply path alone, and a naive client, on the same changes
     latency    3. commit to subscriber, at 3 offered loads, with and without wake-up
     idle       5. CPU of the sidecar with 50 idle tables
+    pgbench    7. pgbench TPC-B with and without tracking, interleaved: what the triggers cost
 
 Scratch files (configs, the sidecars' logs, RDB copies) go to bench/.work/.
 """
@@ -38,6 +39,7 @@ from bench.env import WORK, Env, LoadWatch, machine, other_load, versions
 from bench.idle import run_idle
 from bench.latency import run_latency
 from bench.notes import NOTES
+from bench.pgbench import run_pgbench
 from bench.snapshot import run_snapshot
 
 BENCHMARKS: dict[str, Callable[[Context], dict[str, Any]]] = {
@@ -47,6 +49,7 @@ BENCHMARKS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "ceiling": run_ceiling,
     "latency": run_latency,
     "idle": run_idle,
+    "pgbench": run_pgbench,
 }
 QUIET_PERCENT = 20.0  # CPU % of one core that other processes may use for the machine to count as quiet
 
