@@ -152,6 +152,7 @@ async def lock_schema(conn: Connection, schema: str) -> None:
 
 # -- per-table objects -------------------------------------------------------
 
+
 def check_trackable(table: CatalogTable) -> None:
     """A net table needs the source's primary key, under names free for its own columns."""
     if not table.primary_key:
