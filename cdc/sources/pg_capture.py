@@ -32,6 +32,13 @@ column added or renamed since is not named, so the rest of the two rows
 (``jsonb - known``) is compared as text, and only when it differs are the
 columns compared one by one as before. ``cdc tracking enable`` run again
 names the current columns.
+
+The whole function, same run (docs/POSTGRES.md §5): 99-107 µs of backend CPU
+per updated row against 116-128 µs for 0.3's and 32 µs untracked; pgbench
+TPC-B 0.67x the untracked tps against 0.64x (server CPU per transaction
+1,175 µs against 1,258 µs, 691 µs untracked). What remains is mostly the
+upsert (~36 µs) and calling the function at all (~15 µs, its fixed
+search_path and the statement's notify included).
 """
 
 from __future__ import annotations
