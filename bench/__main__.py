@@ -16,6 +16,7 @@ benchmarks, and writes bench/RESULTS.md and bench/results/results.json:
     idle       5. CPU of the sidecar with 50 idle tables
     cpu        7. the drain's CPU (sidecar, Redis) against the plain commands a change stands for
     subscriber 8. the subscriber client's messages/s, against jsonpatch
+    pgbench    9. pgbench TPC-B with and without tracking, interleaved: what the triggers cost
 
 Scratch files (configs, the sidecars' logs, RDB copies) go to bench/.work/.
 """
@@ -41,6 +42,7 @@ from bench.env import WORK, Env, LoadWatch, machine, other_load, versions
 from bench.idle import run_idle
 from bench.latency import run_latency
 from bench.notes import NOTES
+from bench.pgbench import run_pgbench
 from bench.snapshot import run_snapshot
 from bench.subscriber_bench import run_subscriber
 
@@ -53,6 +55,7 @@ BENCHMARKS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "idle": run_idle,
     "cpu": run_cpu_reference,
     "subscriber": run_subscriber,
+    "pgbench": run_pgbench,
 }
 QUIET_PERCENT = 20.0  # CPU % of one core that other processes may use for the machine to count as quiet
 

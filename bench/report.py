@@ -66,6 +66,7 @@ def targets(results: dict[str, Any]) -> list[Target]:
     if snapshot:
         out.append(Target(f"snapshot of {snapshot['rows']:,} rows", ">= 50,000 rows/s",
                           f"{snapshot['rows_per_second']:,} rows/s", snapshot["rows_per_second"] >= 50_000))  # fmt: skip
+    out += _pgbench_targets(results.get("pgbench"))
     return out
 
 
@@ -97,6 +98,17 @@ def _issue_17_targets(results: dict[str, Any]) -> list[Target]:
                           f"{fast:,}/s ({subscriber['fast_vs_jsonpatch']}x jsonpatch's"
                           f" {subscriber['jsonpatch']['messages_per_second']:,}/s)", fast >= 50_000))  # fmt: skip
     return out
+
+
+def _pgbench_targets(pgbench: dict[str, Any] | None) -> list[Target]:
+    if not pgbench:
+        return []
+    tps = pgbench["median_tps"]
+    return [Target(f"pgbench TPC-B (scale {pgbench['scale']}, {pgbench['clients']} clients) with tracking vs without,"
+                   " same run", f">= {pgbench['target']:.2f}x",
+                   f"{pgbench['median_ratio']:.2f}x, median of {len(pgbench['ratios'])} pairs"
+                   f" ({tps['tracked']:,} vs {tps['untracked']:,} tps)",
+                   pgbench["median_ratio"] >= pgbench["target"])]  # fmt: skip
 
 
 def write(report: dict[str, Any], notes: str) -> None:
@@ -313,4 +325,35 @@ def _issue_17_sections(results: dict[str, Any]) -> list[str]:
             f"| jsonpatch | {slow['messages_per_second']:,} | {slow['cpu_usec_per_message']} |",
             "",
         ]
+    out += _pgbench_section(results.get("pgbench"))
+    return out
+
+
+def _pgbench_section(pgbench: dict[str, Any] | None) -> list[str]:
+    if not pgbench:
+        return []
+    out = [
+        "## 9. What tracking costs the source (pgbench)",
+        "",
+        f"pgbench's built-in TPC-B-like script, scale {pgbench['scale']}, {pgbench['clients']} clients,"
+        f" {pgbench['threads']} threads, {pgbench['seconds_per_run']}s runs alternately with `cdc tracking enable`"
+        f" on {', '.join(pgbench['tables'])} and without (pgbench_history has no primary key); no sidecar running."
+        " Ratio: a tracked run's tps over the untracked run after it; the figure is the median pair."
+        " Server CPU: the PostgreSQL process tree's, per transaction.",
+        "",
+        "| pair | tracked tps | untracked tps | ratio | server CPU µs/tx tracked | untracked |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    runs = pgbench["runs"]
+    for number, (tracked, untracked, ratio) in enumerate(
+        zip(runs[::2], runs[1::2], pgbench["ratios"], strict=True), 1
+    ):
+        out.append(f"| {number} | {tracked['tps']:,} | {untracked['tps']:,} | {ratio:.2f} |"
+                   f" {tracked['server_cpu_usec_per_transaction']} | {untracked['server_cpu_usec_per_transaction']} |")  # fmt: skip
+    cpu = pgbench["median_server_cpu_usec_per_transaction"]
+    out += [
+        f"| median | {pgbench['median_tps']['tracked']:,} | {pgbench['median_tps']['untracked']:,} |"
+        f" {pgbench['median_ratio']:.2f} | {cpu['tracked']} | {cpu['untracked']} |",
+        "",
+    ]
     return out

@@ -8,7 +8,7 @@ its own, in one schema (``cdc_tracking`` unless configured otherwise)::
     <schema>.<net table>         per tracked table, one row per changed primary key:
                                  op (I/U/D), version, creation_version,
                                  column_versions {column: version}, changed_at
-    <schema>.<net>_capture()     row trigger: upserts the key's net row
+    <schema>.<net>_capture()     row trigger: upserts the key's net row (``pg_capture``)
     <schema>.on_truncate()       TRUNCATE: forgets the table's entries and raises
                                  its min_valid_version (a truncate is not tracked)
     <schema>.notify()            statement trigger: pg_notify('<schema>', 'schema.name')
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from psycopg import sql
 
 from cdc.errors import SchemaError
-from cdc.sources import pg_retention
+from cdc.sources import pg_capture, pg_retention
 from cdc.sources.pg_catalog import CatalogTable, Connection, find_table
 
 # Columns of a net table besides the primary key: a source key column cannot share a name.
@@ -152,52 +152,6 @@ async def lock_schema(conn: Connection, schema: str) -> None:
 
 # -- per-table objects -------------------------------------------------------
 
-_CAPTURE = """
-declare
-    _cdc_version bigint := pg_current_xact_id()::text::bigint;
-    _cdc_changed jsonb;
-begin
-    if TG_OP = 'DELETE' or (TG_OP = 'UPDATE' and row({old})::text is distinct from row({new})::text) then
-        insert into {net} as e ({keys}, op, version, creation_version, column_versions, changed_at)
-        values ({old}, 'D', _cdc_version, 0, '{{}}', now())
-        on conflict ({keys}) do update set op = 'D', version = _cdc_version, changed_at = now();
-    end if;
-    if TG_OP = 'INSERT' or (TG_OP = 'UPDATE' and row({old})::text is distinct from row({new})::text) then
-        insert into {net} as e ({keys}, op, version, creation_version, column_versions, changed_at)
-        values ({new}, 'I', _cdc_version, _cdc_version, '{{}}', now())
-        on conflict ({keys}) do update set op = 'I', version = _cdc_version,
-            creation_version = _cdc_version, column_versions = '{{}}', changed_at = now();
-    elsif TG_OP = 'UPDATE' then
-        select coalesce(jsonb_object_agg(n.key, _cdc_version), '{{}}') into _cdc_changed
-          from jsonb_each_text(to_jsonb(NEW)) as n
-         where n.value is distinct from to_jsonb(OLD) ->> n.key;
-        insert into {net} as e ({keys}, op, version, creation_version, column_versions, changed_at)
-        values ({new}, 'U', _cdc_version, 0, _cdc_changed, now())
-        on conflict ({keys}) do update set op = 'U', version = _cdc_version,
-            column_versions = e.column_versions || _cdc_changed, changed_at = now();
-    end if;
-    return null;
-end"""
-
-
-def _capture_body(schema: str, net: str, key: tuple[str, ...]) -> sql.Composed:
-    """The row trigger: a primary-key update is a delete of the old key and an
-    insert of the new one; an update records, per column, the version of its
-    last change. Values are compared as text: that never needs an operator
-    looked up by name (the function's search_path is pg_catalog only, and a
-    key type's operators may live elsewhere), and it is what gets published
-    (1.0 -> 1.00 is a change)."""
-
-    def record(name: str) -> sql.Composed:
-        return sql.SQL(", ").join(sql.SQL(name + ".{}").format(sql.Identifier(k)) for k in key)
-
-    return sql.SQL(_CAPTURE).format(
-        net=sql.Identifier(schema, net),
-        keys=sql.SQL(", ").join(map(sql.Identifier, key)),
-        old=record("OLD"),
-        new=record("NEW"),
-    )
-
 
 def check_trackable(table: CatalogTable) -> None:
     """A net table needs the source's primary key, under names free for its own columns."""
@@ -271,7 +225,7 @@ async def _record_oid(conn: Connection, schema: str, table: CatalogTable) -> Non
 async def _create_triggers(conn: Connection, schema: str, net: str, table: CatalogTable) -> None:
     capture, truncate, notify = trigger_names(schema)
     function = sql.Identifier(schema, f"{net}_capture")
-    body = _capture_body(schema, net, table.primary_key)
+    body = pg_capture.capture_body(schema, net, table.primary_key, tuple(c.name for c in table.columns))
     await conn.execute(_function(conn, function, "", "trigger", body, True))
     source = sql.Identifier(table.schema, table.name)
     triggers = (

@@ -657,3 +657,127 @@ async def test_doctor_names_the_privileges_a_least_privileged_role_lacks(pg: Pos
         await source.close()
         await pg.admin.execute(sql.SQL("drop owned by {}").format(sql.Identifier(role)))
         await pg.admin.execute(sql.SQL("drop role {}").format(sql.Identifier(role)))
+
+
+# -- the capture trigger's changed columns (pg_capture) ------------------------
+
+
+async def changed_by(pg: PostgresHarness, info: TableInfo, statement: str) -> list[Any]:
+    """The changed columns a read reports for what ``statement`` (``{s}``: the test schema) changed."""
+    since = await pg.source.current_version()
+    await execute(pg, statement)
+    rows, _ = await read_all(pg.source, info, since)
+    return [(r.op, r.key, r.changed_columns) for r in rows]
+
+
+async def test_changed_columns_of_columns_added_dropped_and_renamed_after_enable(pg: PostgresHarness) -> None:
+    """The trigger names the columns the table had at enable; those added or
+    renamed since are still compared, and a dropped one breaks no write."""
+    info, _ = await tracked(pg)
+    await execute(pg, "insert into {s}.items values (1, 1, 'a'), (2, 2, 'b')")
+    await execute(pg, "alter table {s}.items add column d integer")
+    info = await pg.source.describe(make_table_config(pg.schema, "items"))
+
+    assert await changed_by(pg, info, "update {s}.items set d = 4 where id = 1") == [
+        ("U", {"id": 1}, frozenset({"d"}))
+    ]
+    assert await changed_by(pg, info, "update {s}.items set n = 5 where id = 1") == [
+        ("U", {"id": 1}, frozenset({"n"}))
+    ]
+    await execute(pg, "alter table {s}.items rename column note to remark")
+    info = await pg.source.describe(make_table_config(pg.schema, "items"))
+    assert await changed_by(pg, info, "update {s}.items set remark = 'c' where id = 2") == [
+        ("U", {"id": 2}, frozenset({"remark"}))
+    ]
+    await execute(pg, "alter table {s}.items drop column n")
+    info = await pg.source.describe(make_table_config(pg.schema, "items"))
+    assert await changed_by(pg, info, "update {s}.items set d = 6 where id = 2") == [
+        ("U", {"id": 2}, frozenset({"d"}))
+    ]
+
+
+async def test_changed_columns_compare_the_published_text(pg: PostgresHarness) -> None:
+    """1.0 -> 1.00 is a change (it is published), a write of the same values changes no column,
+    and column names an array literal would split (comma, quote, brace, space) are compared too."""
+    columns = {"id": "int", "amount": "numeric", 'a,"b}': "text", "with space": "int"}
+    table = await pg.create_table("odd", columns, ["id"])
+    info = await pg.source.describe(table)
+    await execute(pg, """insert into {s}.odd values (1, 1.0, 'x', 1)""")
+
+    assert await changed_by(pg, info, "update {s}.odd set amount = 1.00") == [
+        ("U", {"id": 1}, frozenset({"amount"}))
+    ]
+    assert await changed_by(pg, info, """update {s}.odd set "a,""b}" = 'y', "with space" = 2""") == [
+        ("U", {"id": 1}, frozenset({'a,"b}', "with space"}))
+    ]
+    assert await changed_by(pg, info, "update {s}.odd set amount = amount") == [("U", {"id": 1}, frozenset())]
+
+
+# What 0.3's `cdc tracking enable` installed as the row trigger's body (pg_tracking._CAPTURE).
+CAPTURE_0_3 = """
+declare
+    _cdc_version bigint := pg_current_xact_id()::text::bigint;
+    _cdc_changed jsonb;
+begin
+    if TG_OP = 'DELETE' or (TG_OP = 'UPDATE' and row(OLD.id)::text is distinct from row(NEW.id)::text) then
+        insert into {net} as e (id, op, version, creation_version, column_versions, changed_at)
+        values (OLD.id, 'D', _cdc_version, 0, '{{}}', now())
+        on conflict (id) do update set op = 'D', version = _cdc_version, changed_at = now();
+    end if;
+    if TG_OP = 'INSERT' or (TG_OP = 'UPDATE' and row(OLD.id)::text is distinct from row(NEW.id)::text) then
+        insert into {net} as e (id, op, version, creation_version, column_versions, changed_at)
+        values (NEW.id, 'I', _cdc_version, _cdc_version, '{{}}', now())
+        on conflict (id) do update set op = 'I', version = _cdc_version,
+            creation_version = _cdc_version, column_versions = '{{}}', changed_at = now();
+    elsif TG_OP = 'UPDATE' then
+        select coalesce(jsonb_object_agg(n.key, _cdc_version), '{{}}') into _cdc_changed
+          from jsonb_each_text(to_jsonb(NEW)) as n
+         where n.value is distinct from to_jsonb(OLD) ->> n.key;
+        insert into {net} as e (id, op, version, creation_version, column_versions, changed_at)
+        values (NEW.id, 'U', _cdc_version, 0, _cdc_changed, now())
+        on conflict (id) do update set op = 'U', version = _cdc_version,
+            column_versions = e.column_versions || _cdc_changed, changed_at = now();
+    end if;
+    return null;
+end"""
+
+
+async def test_enable_upgrades_a_0_3_capture_trigger_and_keeps_its_pending_changes(
+    pg: PostgresHarness,
+) -> None:
+    """A 0.3 installation, with changes not read yet: 0.4 reads them as they are,
+    and `tracking enable` replaces the trigger's body, keeping the history (no
+    snapshot), so the changes before and after the upgrade all arrive."""
+    info, source = await tracked(pg)
+    table = make_table_config(pg.schema, "items")
+    ts, net = pg.tracking_schema, net_table_name(pg.schema, "items")
+    function = sql.Identifier(ts, f"{net}_capture")
+    old_body = sql.SQL(CAPTURE_0_3).format(net=sql.Identifier(ts, net)).as_string(pg.admin)
+    await pg.admin.execute(sql.SQL("create or replace function {}() returns trigger language plpgsql"
+                                   " security definer set search_path = pg_catalog, pg_temp as {}").format(
+        function, sql.Literal(old_body)))  # fmt: skip
+    await execute(pg, "insert into {s}.items values (1, 1, 'a'), (2, 2, 'b'), (3, 3, 'c')")
+    since = await source.current_version()
+    await execute(pg, "update {s}.items set n = 10 where id = 1")  # pending under 0.3
+    await execute(pg, "delete from {s}.items where id = 2")
+    await execute(pg, "update {s}.items set id = 30 where id = 3")
+    minimum = await scalar(pg, sql.SQL("select min_valid_version from {}").format(
+        sql.Identifier(ts, "tracked_tables")))  # fmt: skip
+
+    message = (await source.tracking_enable([table]))[0]
+    await execute(pg, "update {s}.items set note = 'z' where id = 1")  # under 0.4
+    await execute(pg, "insert into {s}.items values (4, 4, 'd')")
+
+    assert "already enabled" in message
+    assert await scalar(pg, "select prosrc from pg_proc where oid = %s::regprocedure",
+                        f"{ts}.{net}_capture()") != old_body  # fmt: skip
+    assert await scalar(pg, sql.SQL("select min_valid_version from {}").format(
+        sql.Identifier(ts, "tracked_tables"))) == minimum  # fmt: skip
+    rows, _ = await read_all(source, info, since)
+    assert sorted((r.op, r.key["id"], r.values, r.changed_columns) for r in rows) == [
+        ("D", 2, None, None),
+        ("D", 3, None, None),
+        ("I", 4, {"id": 4, "n": 4, "note": "d"}, None),
+        ("I", 30, {"id": 30, "n": 3, "note": "c"}, None),
+        ("U", 1, {"id": 1, "n": 10, "note": "z"}, frozenset({"n", "note"})),
+    ]
