@@ -210,10 +210,15 @@ def decode_change(described: DescribedTable, since: int, row: Sequence[Any]) -> 
     # A D stays a D, even one whose row was created after `since` (inserted and deleted
     # in between): deleting a document that does not exist is harmless, while dropping
     # the D could lose the delete of a key that was deleted, re-inserted and deleted again.
-    if operation == "D" or values_raw[0] is None:
+    if values_raw[0] is None:
         return ChangeRow(op="D", version=int(version), key=key, values=None, changed_columns=None)
-    op = net_operation(operation)
     values = read_values(described, shape.columns, values_raw)
+    if str(operation).strip().upper() == "D":
+        # D while the row is in the same view (keys swapped by one UPDATE: CT tracks a
+        # key's update as a delete and an insert): the row is what the document must
+        # hold, as on PostgreSQL; every column compared.
+        return ChangeRow(op="U", version=int(version), key=key, values=values, changed_columns=None)
+    op = net_operation(operation)
     changed: frozenset[str] | None = None
     if op == "U" and described.track_columns_updated and mask is not None:
         # NULL SYS_CHANGE_COLUMNS means "unknown" (every column changed, or no column tracking).

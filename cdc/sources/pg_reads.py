@@ -160,9 +160,14 @@ class _RowReader:
         version, op, creation_version, column_versions, found = record[:5]
         end = 5 + self.width
         key = dict(zip(self.keys, record[5:end], strict=True))
-        if op == "D" or not found:
+        if not found:
             return ChangeRow("D", version, key, None)
         values = dict(zip(self.names, record[end:], strict=True))
+        if op == "D":
+            # The entry says D yet the row is in the same view: a statement that swapped
+            # primary keys under a DEFERRABLE key (row 1 -> 2 records D 1, I 2; row 2 -> 1
+            # then records D 2 over that I 2). The row is what the document must hold.
+            return ChangeRow("U", version, key, values)
         if creation_version > self.since:
             return ChangeRow("I", version, key, values)
         return ChangeRow("U", version, key, values, functools.partial(self.changed, column_versions))

@@ -201,6 +201,23 @@ async def test_primary_key_update_is_delete_plus_insert(
     assert sorted((r.op, r.key["Id"]) for r in rows) == [("D", 1), ("I", 10)]
 
 
+async def test_keys_swapped_by_one_update_are_both_published(
+    source: MssqlSource, table: TableConfig, mssql_dsn: str
+) -> None:
+    """One UPDATE swapping two keys: Change Tracking records each key's update
+    as a delete and an insert; whatever operation it reports, both rows exist
+    and both are published with their values, never as deletes."""
+    info = await tracked(source, table)
+    run(mssql_dsn, f"INSERT INTO {table.table} (Id, Price, Status) VALUES (1, 1.00, 'one'), (2, 2.00, 'two')")
+    since = await source.current_version()
+    run(mssql_dsn, f"UPDATE {table.table} SET Id = 3 - Id")
+    rows, _ = await changes(source, info, since)
+    assert sorted((r.key["Id"], r.op != "D", r.values and r.values["Status"]) for r in rows) == [
+        (1, True, "two"),
+        (2, True, "one"),
+    ]
+
+
 async def test_changed_columns(source: MssqlSource, table: TableConfig, mssql_dsn: str) -> None:
     info = await tracked(source, table)
     run(mssql_dsn, f"INSERT INTO {table.table} (Id, Price, Status) VALUES (1, 1.00, 'a'), (2, 2.00, 'b')")
