@@ -74,22 +74,25 @@ async def purge_table(config: Config, request: Request) -> int:
     """The command: 0 done (or nothing left), 1 refused (a live sidecar holds
     the table) or failed, 2 usage, 3 Redis unreachable."""
     entry = registered(config, request.table)
-    if entry is not None and not (request.force or request.dry_run):
+    if request.section is not None and not SECTION_NAME.fullmatch(request.section):
+        raise ConfigError(f"--section {request.section[:80]!r}: not a section name (letters, digits, _ . -)")
+    old_section = entry is not None and request.section not in (None, entry.section)
+    if entry is not None and not (request.force or request.dry_run or old_section):
         raise ConfigError(
             f"{config.path}:{entry.line}: {entry.table} is still registered: a sidecar started with this "
             "config snapshots it again as soon as the purge is done. Remove it from the config and restart "
             "the sidecars first (docs/TABLES.md), or pass --force to empty its mirror anyway"
         )
     name = entry.table if entry is not None else unregistered_table(config, request.table).table
-    if request.section is not None and not SECTION_NAME.fullmatch(request.section):
-        raise ConfigError(f"--section {request.section[:80]!r}: not a section name (letters, digits, _ . -)")
     redis = dataclasses.replace(config.redis, tombstone_ttl=TOMBSTONE_TTL)
     async with await DataManager.connect(redis) as manager:
-        section = await _section(manager, config, name, entry, request.section)
+        section = await _section(manager, config, name, None if old_section else entry, request.section)
         keep = {
             t.partition.source: t.section for t in config.tables if t is not entry and t.partition.is_literal
         }
         plan = await purge.plan(manager, name, section, keep)
+        if old_section:
+            return await _old_section(config, manager, plan, request.dry_run)
         refusal = await _refusal(manager, name)
         if request.dry_run:
             _print_plan(config, plan, entry is not None)
@@ -102,6 +105,30 @@ async def purge_table(config: Config, request: Request) -> int:
             _say(f"nothing of {name} is left in Redis (namespace {config.redis.namespace}): nothing to do")
             return 0
         await _run(config, manager, plan)
+    return 0
+
+
+async def _old_section(config: Config, manager: DataManager, plan: purge.Plan, dry_run: bool) -> int:
+    """A section the (still registered) table wrote before its config gave it
+    another one: its documents and partitions go, nothing of the table's own
+    (checkpoint, lease, dead letters, its fields in the partitions' fences).
+    No sidecar writes that section any more, so no lease is needed: the
+    deletes go unfenced (token 0)."""
+    plan.checkpoint, plan.lease, plan.fence_counter, plan.dead_letters = {}, False, False, 0
+    if dry_run:
+        _print_plan(config, plan, True)
+        return 0
+
+    async def no_lease() -> None:
+        return None
+
+    assert plan.section is not None
+    deleter = purge.Deleter(manager, plan.table, plan.section, 0, no_lease, keep_fence=True)
+    deleted = await _delete_partitions(deleter, plan)
+    _say(
+        f"purged section {plan.section} of {plan.table}: {deleted} document(s) deleted (each published as a "
+        f"delete), {len(plan.partitions)} partition(s)"
+    )
     return 0
 
 
@@ -193,6 +220,10 @@ async def _documents(manager: DataManager, leases: Leases, plan: purge.Plan, tok
     stored = plan.checkpoint.get("version", "")
     version = int(stored) if stored.isdecimal() else 0
     deleter = purge.Deleter(manager, plan.table, plan.section, token, keep_lease, version)
+    return await _delete_partitions(deleter, plan)
+
+
+async def _delete_partitions(deleter: purge.Deleter, plan: purge.Plan) -> int:
     progress = _Progress(plan, deleter)
     for done, part in enumerate(plan.partitions):
         progress.partitions_done = done

@@ -213,6 +213,7 @@ class Deleter:
     token: int
     keep_lease: Callable[[], Awaitable[None]]
     version: int = 0  # the checkpoint's: no delete message carries a lower one
+    keep_fence: bool = False  # the table still writes elsewhere: its fields in @fence stay
     deleted: int = 0  # documents deleted so far (each told to subscribers)
 
     async def partition(self, part: PartitionPlan, progress: Callable[[], None]) -> None:
@@ -278,7 +279,8 @@ class Deleter:
         the partition leaves the section's set."""
         layout, client, url = self.manager.layout, self.manager.client, self.manager.config.url
         p = part.partition
-        await redis_calls.call(client.hdel(layout.fence(p), _fence_field(self.table)), url)
+        if not self.keep_fence:
+            await redis_calls.call(client.hdel(layout.fence(p), _fence_field(self.table)), url)
         if not part.shared_with:
             await redis_calls.call(client.delete(layout.seq(p), layout.stream(p), layout.fence(p)), url)
         await redis_calls.call(client.srem(layout.partitions(self.section), p), url)
