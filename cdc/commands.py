@@ -143,6 +143,8 @@ async def tracking(
                 for line in await source.grant_runtime(chosen, grant_to):
                     _print(line)
         elif action == "disable":
+            if table is not None:
+                await _tracked_if_unregistered(config, source, chosen[0])
             for line in await source.tracking_disable(chosen):
                 _print(line)
         statuses = await source.tracking_status(chosen)
@@ -159,16 +161,32 @@ async def tracking(
 
 def _chosen_tables(config: Config, table: str | None, action: str) -> list[TableConfig]:
     """The tables ``--table`` names (every registered one without it).
-    ``disable`` and ``status`` also take a table the config no longer
-    registers: removing a table takes it out of the config first, then its
-    tracking (docs/TABLES.md); ``enable`` needs the config's entry."""
+    ``disable`` also takes a table the config no longer registers, if the
+    source tracks it (``_tracked_if_unregistered``): removing a table takes it
+    out of the config first, then its tracking (docs/TABLES.md)."""
     if table is None:
         return list(config.tables)
-    if action == "enable":
+    if action != "disable":
         return [config.table(table)]
     from cdc.purge_cmd import registered, unregistered_table
 
     return [registered(config, table) or unregistered_table(config, table)]
+
+
+async def _tracked_if_unregistered(config: Config, source: ChangeSource, table: TableConfig) -> None:
+    """A table the config does not register is taken only if the source
+    tracks it: else it is most likely a typo, a usage error (2) naming the
+    registered tables."""
+    from cdc.purge_cmd import registered
+
+    if registered(config, table.table) is not None:
+        return
+    if all(s.enabled for s in await source.tracking_status([table])):
+        return
+    try:
+        config.table(table.table)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; nor does the source track it: nothing to disable") from None
 
 
 async def _refuse_while_streamed(config: Config, tables: list[str], *, force: bool) -> None:
