@@ -28,9 +28,7 @@ from publishers.subscriber import Subscriber
 from tests.e2e import ITEMS_DDL, LINES_DDL, Writers, assert_mirrored, assert_seq_gap_free, cdc, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-ITEMS = (
-    "  - table: {s}.items\n    partition: \"r{{id}}\"\n    section: items\n    backoff: [[3, 10ms], [null, 50ms]]\n"
-)
+ITEMS = '  - table: {s}.items\n    partition: "r{{id}}"\n    section: items\n    backoff: [[3, 10ms], [null, 50ms]]\n'
 LINES = (
     '  - table: {s}.lines\n    partition: orders\n    section: {section}\n    key: "{key}"\n'
     "    backoff: [[3, 10ms], [null, 50ms]]\n"
