@@ -83,11 +83,21 @@ async def item_messages(client: aioredis.Redis, namespace: str) -> dict[int, lis
 async def run_until_mirrored(
     config_path: Path, dsn: str, schema: str, client: aioredis.Redis, namespace: str
 ) -> None:
-    """A sidecar (in this process) until the mirror equals the tables, then stopped gracefully."""
-    daemon = Daemon(load_config(config_path))
+    """A sidecar (in this process) until the mirror equals the tables and
+    every table streams (as ``cdc status`` shows it: a sidecar stopped
+    during a snapshot's last sweep snapshots the table again), then stopped
+    gracefully."""
+    config = load_config(config_path)
+    daemon = Daemon(config)
     task = asyncio.create_task(daemon.run())
+
+    async def streaming() -> bool:
+        states = [await client.hget(Layout(namespace).checkpoint(t.table), "state") for t in config.tables]
+        return all(state == b"streaming" for state in states)
+
     try:
         await assert_mirrored(dsn, schema, client, namespace, timeout=60)
+        await wait_for(streaming, 60, "every table to stream")
     finally:
         daemon.request_stop()
         await task
