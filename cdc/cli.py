@@ -248,6 +248,34 @@ def health(config_path: str, ready: bool, timeout: float) -> None:
     sys.exit(outcome.exit_code)
 
 
+@cli.command()
+@config_option
+@click.option(
+    "--table", "table", required=True, help="schema.table: usually one the config no longer registers."
+)
+@click.option(
+    "--section",
+    default=None,
+    callback=_section,
+    help="The table's section, when the config does not register the table and Redis cannot tell.",
+)
+@click.option("--dry-run", is_flag=True, help="List what would be removed; remove nothing.")
+@click.option(
+    "--force", is_flag=True, help="Purge a table the config still registers (it is snapshotted again)."
+)
+def purge(config_path: str, table: str, section: str | None, dry_run: bool, force: bool) -> None:
+    """Remove what a table left in Redis: its documents (each published as a
+    delete), section index, partitions' keys no other section uses, checkpoint,
+    lease, fencing counter and dead letters (docs/TABLES.md).
+
+    Refused (exit 1) while a live sidecar holds the table; refused (exit 2)
+    for a table the config still registers, unless --force."""
+    from cdc.purge_cmd import Request, purge_table
+
+    request = Request(table, section=section, force=force, dry_run=dry_run)
+    sys.exit(_run(purge_table(_load(config_path), request)))
+
+
 @cli.group()
 def deadletter() -> None:
     """See, replay and purge the changes that could not be applied (docs/DEADLETTERS.md).

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 import orjson
 
 from cdc import checks
-from cdc.config import Config
+from cdc.config import Config, TableConfig
 from cdc.daemon import Daemon
 from cdc.errors import CdcError, ConfigError, ConnectError, TransientError
 from cdc.pipeline import Pipeline
@@ -130,7 +130,7 @@ async def tracking(
     tables (``_refuse_while_streamed``) unless ``force``. ``enable`` with
     ``grant_to``: then grants that role (SQL Server: database user) what
     ``cdc run`` needs on the tables (docs/POSTGRES.md, docs/SQLSERVER.md)."""
-    chosen = [config.table(table)] if table else list(config.tables)
+    chosen = _chosen_tables(config, table, action)
     if grant_to is not None and action != "enable":
         raise ConfigError(f"--grant-to is for enable only, not {action}")
     if action == "disable":
@@ -143,6 +143,8 @@ async def tracking(
                 for line in await source.grant_runtime(chosen, grant_to):
                     _print(line)
         elif action == "disable":
+            if table is not None:
+                await _tracked_if_unregistered(config, source, chosen[0])
             for line in await source.tracking_disable(chosen):
                 _print(line)
         statuses = await source.tracking_status(chosen)
@@ -155,6 +157,36 @@ async def tracking(
                 f"{state} {s.table}  min_valid={s.min_valid_version}  current={s.current_version}  {s.detail}"
             )
     return 0 if all(s.enabled for s in statuses) or action == "disable" else 1
+
+
+def _chosen_tables(config: Config, table: str | None, action: str) -> list[TableConfig]:
+    """The tables ``--table`` names (every registered one without it).
+    ``disable`` also takes a table the config no longer registers, if the
+    source tracks it (``_tracked_if_unregistered``): removing a table takes it
+    out of the config first, then its tracking (docs/TABLES.md)."""
+    if table is None:
+        return list(config.tables)
+    if action != "disable":
+        return [config.table(table)]
+    from cdc.purge_cmd import registered, unregistered_table
+
+    return [registered(config, table) or unregistered_table(config, table)]
+
+
+async def _tracked_if_unregistered(config: Config, source: ChangeSource, table: TableConfig) -> None:
+    """A table the config does not register is taken only if the source
+    tracks it: else it is most likely a typo, a usage error (2) naming the
+    registered tables."""
+    from cdc.purge_cmd import registered
+
+    if registered(config, table.table) is not None:
+        return
+    if all(s.enabled for s in await source.tracking_status([table])):
+        return
+    try:
+        config.table(table.table)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; nor does the source track it: nothing to disable") from None
 
 
 async def _refuse_while_streamed(config: Config, tables: list[str], *, force: bool) -> None:
