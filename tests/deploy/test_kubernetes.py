@@ -51,11 +51,17 @@ def generated_config_maps() -> list[dict[str, Any]]:
     return maps
 
 
+# Created once by hand (`kubectl create secret`), never by `kubectl apply -k`: as a
+# resource of the kustomization, every config rollout would write its placeholders
+# back over the real Secret.
+SECRET_EXAMPLE = "secret.example.yaml"
+
+
 def resources() -> list[dict[str, Any]]:
-    """Every object ``kubectl apply -k deploy/kubernetes`` creates."""
-    objects = [
-        doc for name in kustomization()["resources"] for doc in yaml.safe_load_all((KUBE / name).read_text())
-    ]
+    """Every object the pod needs: what ``kubectl apply -k deploy/kubernetes`` creates,
+    and the Secret created apart."""
+    names = [*kustomization()["resources"], SECRET_EXAMPLE]
+    objects = [doc for name in names for doc in yaml.safe_load_all((KUBE / name).read_text())]
     return objects + generated_config_maps()
 
 
@@ -105,8 +111,30 @@ def test_every_file_of_the_directory_is_applied_or_generated() -> None:
     """A manifest added beside the others but left out of kustomization.yaml would be
     applied by nobody and validated by no test."""
     generated = {name for g in kustomization().get("configMapGenerator", []) for name in g["files"]}
-    accounted = {"kustomization.yaml", *kustomization()["resources"], *generated}
+    accounted = {"kustomization.yaml", SECRET_EXAMPLE, *kustomization()["resources"], *generated}
     assert {p.name for p in KUBE.glob("*.y*ml")} == accounted
+
+
+def test_the_secret_is_never_applied_by_the_kustomization() -> None:
+    assert not any(o["kind"] == "Secret" for name in kustomization()["resources"] for o in _objects(name))
+
+
+def test_the_image_tag_is_this_version_and_the_docs_build_it() -> None:
+    """The kustomization pulls the tag the docs' build command makes: this version's."""
+    version = _project_version()
+    (image,) = kustomization()["images"]
+    assert str(image["newTag"]) == version
+    assert f"docker build -t cdc-sync:{version} ." in (ROOT / "docs" / "KUBERNETES.md").read_text()
+
+
+def _objects(name: str) -> list[dict[str, Any]]:
+    return list(yaml.safe_load_all((KUBE / name).read_text()))
+
+
+def _project_version() -> str:
+    match = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert match
+    return match.group(1)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
