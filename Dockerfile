@@ -33,14 +33,15 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     pip install --no-index --find-links=/wheels cdc-sync
 RUN useradd --system --uid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin cdc
 USER 10001:10001
-# The config `cdc health` reads (the HEALTHCHECK's); a `docker run` that gives
-# another -c FILE sets CDC_CONFIG=FILE too.
+# The config every command reads when no -c is given: `cdc run` and the HEALTHCHECK's
+# `cdc health` alike, so `docker run -e CDC_CONFIG=/etc/cdc/other.yaml` moves both.
 ENV CDC_CONFIG=/etc/cdc/tables.yaml
 EXPOSE 9478
 # Probes /healthz where the config's worker.health listens (a wildcard bind such
-# as 0.0.0.0:9478 on loopback): exit 0 healthy, 1 not, 2 the config cannot say.
+# as 0.0.0.0:9478 on loopback). `cdc health` exits 2 when the config cannot say
+# where; Docker reserves 2, so every failure is reported to it as 1.
 # Kubernetes ignores HEALTHCHECK: deploy/kubernetes/ has the httpGet probes.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
-    CMD ["cdc", "health", "--timeout", "4"]
+    CMD ["sh", "-c", "cdc health --timeout 4 || exit 1"]
 ENTRYPOINT ["cdc"]
-CMD ["run", "-c", "/etc/cdc/tables.yaml"]
+CMD ["run"]

@@ -46,8 +46,9 @@ config_option = click.option(
     "--config",
     "config_path",
     required=True,
+    envvar="CDC_CONFIG",
     type=click.Path(dir_okay=False),
-    help="The YAML file that registers the tables.",
+    help="The YAML file that registers the tables (default: $CDC_CONFIG, which the image sets).",
 )
 
 
@@ -219,15 +220,7 @@ def doctor(config_path: str, as_json: bool) -> None:
 
 
 @cli.command()
-@click.option(
-    "-c",
-    "--config",
-    "config_path",
-    required=True,
-    envvar="CDC_CONFIG",
-    type=click.Path(dir_okay=False),
-    help="The sidecar's YAML file (default: $CDC_CONFIG, which the image sets).",
-)
+@config_option
 @click.option("--ready", is_flag=True, help="Probe /readyz instead of /healthz.")
 @click.option(
     "--timeout", default=4.0, show_default=True, type=click.FloatRange(min=0.1), help="Seconds to wait."

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import signal
 import sys
 import time
@@ -82,3 +83,13 @@ async def tracked_config(
     enabled = cdc("tracking", "enable", "-c", str(path))
     assert enabled.returncode == 0, enabled.stderr
     return path
+
+
+def docker_healthcheck(command: list[str]) -> list[str]:
+    """The ``cdc health`` command inside the HEALTHCHECK's ``sh -c "... || exit 1"``:
+    Docker reserves exit code 2, which ``cdc health`` gives for a config error."""
+    shell, flag, script = command
+    assert (shell, flag) == ("sh", "-c")
+    probe, fallback = script.split("||")
+    assert fallback.strip() == "exit 1"
+    return shlex.split(probe)

@@ -16,7 +16,7 @@ import pytest
 
 from cdc.devservers import free_port
 from cdc.healthcheck_cmd import probe_host
-from tests.deploy.sidecar_process import Sidecar, tracked_config
+from tests.deploy.sidecar_process import Sidecar, docker_healthcheck, tracked_config
 from tests.e2e import cdc, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ def healthcheck_command() -> list[str]:
     text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
     found = re.search(r"(?m)^HEALTHCHECK .*\\\n\s+CMD (\[.*\])$", text)
     assert found, "the Dockerfile has no HEALTHCHECK ... CMD [...] (exec form)"
-    program, *args = json.loads(found.group(1))
+    program, *args = docker_healthcheck(json.loads(found.group(1)))
     assert program == "cdc"
     return [sys.executable, "-m", "cdc.cli", *args]
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from cdc.cli import cli
+from tests.deploy.sidecar_process import docker_healthcheck
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -45,8 +46,8 @@ def test_the_healthcheck_runs_cdc_health_on_the_config_the_image_runs() -> None:
     runtime = text.rsplit("\nFROM ", 1)[1]
     health = re.search(r"(?m)^HEALTHCHECK .*\\\n\s+CMD (\[.*\])$", runtime)
     assert health
-    program, command, *options = json.loads(health.group(1))
+    program, command, *options = docker_healthcheck(json.loads(health.group(1)))
     assert (program, command) == ("cdc", "health") and command in cli.commands
-    assert "-c" not in options  # the config is CDC_CONFIG's, the file CMD runs
-    (config,) = re.findall(r"(?m)^ENV CDC_CONFIG=(\S+)$", runtime)
-    assert f'CMD ["run", "-c", "{config}"]' in runtime
+    assert "-c" not in options  # the config is CDC_CONFIG's, the file `cdc run` reads too
+    assert re.findall(r"(?m)^ENV CDC_CONFIG=(\S+)$", runtime) == ["/etc/cdc/tables.yaml"]
+    assert 'CMD ["run"]' in runtime

@@ -1460,7 +1460,7 @@ def test_compose_wires_sql_server_redis_the_init_job_and_the_sidecar() -> None:
     mount = "./docker/tables.yaml:/etc/cdc/tables.yaml:ro"
     assert mount in cdc["volumes"]
     dockerfile = (ROOT / "Dockerfile").read_text()
-    assert 'CMD ["run", "-c", "/etc/cdc/tables.yaml"]' in dockerfile
+    assert 'CMD ["run"]' in dockerfile and "ENV CDC_CONFIG=/etc/cdc/tables.yaml" in dockerfile
 
 
 def test_the_dockerfile() -> None:
@@ -1473,7 +1473,7 @@ def test_the_dockerfile() -> None:
     assert user and user[-1].split(":")[0] not in ("root", "0")
     health = re.search(r"(?m)^HEALTHCHECK .*\n\s+CMD (.*)$", text)
     # `cdc health` probes the config's worker.health (tests/deploy/test_image.py runs it)
-    assert health and health.group(1).startswith('["cdc", "health"')
+    assert health and health.group(1).startswith('["sh", "-c", "cdc health ')
     assert "curl" not in text.split("HEALTHCHECK")[1]
     assert 'ENTRYPOINT ["cdc"]' in text
     ignored = (ROOT / ".dockerignore").read_text().split()
