@@ -167,8 +167,10 @@ class ObservedSource:
     async def wait_for_changes(self, timeout: float) -> set[str]:
         return await self.inner.wait_for_changes(timeout)
 
-    async def snapshot(self, info: TableInfo, *, page_size: int) -> AsyncIterator[SnapshotPage]:
-        pages = self.inner.snapshot(info, page_size=page_size)
+    async def snapshot(
+        self, info: TableInfo, *, page_size: int, after: tuple[Any, ...] | None = None, encoded: bool = False
+    ) -> AsyncIterator[SnapshotPage]:
+        pages = self.inner.snapshot(info, page_size=page_size, after=after, encoded=encoded)
         try:
             while True:
                 try:

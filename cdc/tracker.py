@@ -306,7 +306,7 @@ class ChangeTracker:
         assert self.info is not None
         shape = self.describer.shape
         started = self.line.now()
-        version = await self.loader.load(self.info, self._rows)
+        version = await self.loader.load(self.info, self._rows, shape)
         self.position = self.line.snapshotted(version, started)
         await self.checkpoints.persist("streaming")
         await control.set_table_shape(self.manager, self.table, shape)

@@ -38,6 +38,9 @@ from cdc.config import TableConfig
 from publishers.model import Finding as Finding  # re-exported: publishers.control reports findings too
 
 Op = Literal["I", "U", "D"]
+# Between the JSON texts of a row's columns in ``SnapshotPage.encoded``: JSON
+# text never holds U+0001 raw (a string escapes every control character).
+ENCODED_SEPARATOR = "\x01"
 Cursor = tuple[int, tuple[Any, ...]]  # (version, primary-key values) of the last row read
 
 
@@ -143,6 +146,12 @@ class SnapshotPage:
     version: int  # every change at or below it is in the rows (see the module docstring)
     rows: list[dict[str, Any]]  # published column -> value, primary key included
     total: int | None = None  # estimated rows in the table, for progress
+    # (``snapshot(..., encoded=True)``, where the source can) the JSON text of
+    # these columns comes from the source: ``encoded[i]`` is row i's texts of
+    # ``encoded_columns`` joined by U+0001 (``cdc.sources.pg_snapshot``), and
+    # ``rows[i]`` holds the primary key and the other columns as values.
+    encoded_columns: tuple[str, ...] = ()
+    encoded: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -222,7 +231,19 @@ class ChangeSource(Protocol):
         after: Cursor | None = None,
     ) -> ChangePage: ...
 
-    def snapshot(self, info: TableInfo, *, page_size: int) -> AsyncIterator[SnapshotPage]: ...
+    def snapshot(
+        self,
+        info: TableInfo,
+        *,
+        page_size: int,
+        after: tuple[Any, ...] | None = None,
+        encoded: bool = False,
+    ) -> AsyncIterator[SnapshotPage]:
+        """The table's keyset pages (the module docstring); ``after``: only the
+        rows whose primary key (values in key order) is above it, to resume a
+        snapshot that stopped there; ``encoded``: the source may write the
+        JSON text of columns itself (``SnapshotPage.encoded``)."""
+        ...
 
     async def read_rows(self, info: TableInfo, keys: Sequence[dict[str, Any]]) -> KeyedRows:
         """The current rows of ``keys`` (primary-key column -> value, each the

@@ -180,11 +180,18 @@ class MemorySource(MemoryDatabase):
                 changes.append(_net_row(t, info, key, window))
         return changes
 
-    async def snapshot(self, info: TableInfo, *, page_size: int) -> AsyncIterator[SnapshotPage]:
-        """The rows as they are now (copied at once: one consistent view), paged by key."""
+    async def snapshot(
+        self, info: TableInfo, *, page_size: int, after: tuple[Any, ...] | None = None, encoded: bool = False
+    ) -> AsyncIterator[SnapshotPage]:
+        """The rows as they are now (copied at once: one consistent view), paged
+        by key, after the key ``after`` when given (values in key order);
+        ``encoded`` is ignored: values come as values."""
         t = self._described(info)
         version = self._version
-        rows = [_published(info, r) for _, r in sorted(t.rows.items())]
+        keyed = sorted(t.rows.items())
+        if after is not None:
+            keyed = [(k, r) for k, r in keyed if tuple(r[c] for c in info.primary_key) > tuple(after)]
+        rows = [_published(info, r) for _, r in keyed]
         for start in range(0, max(1, len(rows)), page_size):
             yield SnapshotPage(version, rows[start : start + page_size], len(rows))
 

@@ -239,10 +239,13 @@ class MssqlSource:
         if found is None or found.fingerprint != info.fingerprint:
             raise SchemaError(problem)
 
-    async def snapshot(self, info: TableInfo, *, page_size: int) -> AsyncIterator[SnapshotPage]:
-        """The whole table in keyset pages at the version read first, in chunks
-        of SNAPSHOT transactions on a connection of its own, resumed after the
-        last key when a chunk fails (``mssql_snapshot``)."""
+    async def snapshot(
+        self, info: TableInfo, *, page_size: int, after: tuple[Any, ...] | None = None, encoded: bool = False
+    ) -> AsyncIterator[SnapshotPage]:
+        """The whole table (after the key ``after``, when given) in keyset pages
+        at the version read first, in chunks of SNAPSHOT transactions on a
+        connection of its own, resumed after the last key when a chunk fails
+        (``mssql_snapshot``). ``encoded`` is ignored: values come as values."""
         if page_size < 1:
             raise ValueError("page_size must be at least 1")
         described = await self._tracked(info)
@@ -252,7 +255,7 @@ class MssqlSource:
             await self._check_unreadable(described, rows)
 
         try:
-            async for page in read_snapshot(link, described, page_size, check_rows):
+            async for page in read_snapshot(link, described, page_size, check_rows, after=after):
                 yield page
         finally:
             await link.close()  # rolls back first when the snapshot was abandoned or failed

@@ -68,7 +68,12 @@ CheckRows = Callable[[Sequence[dict[str, Any] | None]], Awaitable[None]]
 
 
 async def read_snapshot(
-    link: Link, described: DescribedTable, page_size: int, check_rows: CheckRows
+    link: Link,
+    described: DescribedTable,
+    page_size: int,
+    check_rows: CheckRows,
+    *,
+    after: Sequence[Any] | None = None,
 ) -> AsyncIterator[SnapshotPage]:
     """The table's pages (the module docstring), on ``link``, a connection of
     the snapshot's own. ``check_rows`` raises for rows a converter could not
@@ -77,10 +82,12 @@ async def read_snapshot(
     info = described.info
     version, total = await link.run(lambda conn: snapshot_begin(conn, info), info.table)
     chunk = _Chunk(opened=time.monotonic())
-    after: list[Any] | None = None
+    # a resumed snapshot starts after the key it stopped at: the same keyset
+    # predicate as the chunks' (mssql_sql.snapshot_page), in key order
+    cursor: list[Any] | None = None if after is None else list(after)
     first = True
     while True:
-        raw = await chunk.page(link, described, version, page_size, after)
+        raw = await chunk.page(link, described, version, page_size, cursor)
         if raw is None:
             continue  # the chunk failed: a new one continues after the last key
         rows = [snapshot_row(described, r) for r in raw]
@@ -90,7 +97,7 @@ async def read_snapshot(
         first = False
         if len(raw) < page_size:
             break
-        after = list(snapshot_cursor(described.shape, raw[-1]))
+        cursor = list(snapshot_cursor(described.shape, raw[-1]))
         await chunk.end_if_due(link, info)
     await link.run(lambda conn: snapshot_end(conn, info, version), info.table)
 

@@ -65,6 +65,7 @@ from cdc.sources import (
     pg_reads,
     pg_retention,
     pg_shape,
+    pg_snapshot,
     pg_status,
     pg_tracking,
     pg_types,
@@ -228,10 +229,19 @@ class PostgresSource:
 
     # -- snapshots -----------------------------------------------------------
 
-    async def snapshot(self, info: TableInfo, *, page_size: int) -> AsyncIterator[SnapshotPage]:
-        """The whole table in one REPEATABLE READ transaction, keyset-paged on
-        the primary key; the first page is yielded even when the table is empty,
-        so that the caller always learns the version."""
+    async def snapshot(
+        self,
+        info: TableInfo,
+        *,
+        page_size: int,
+        after: tuple[Any, ...] | None = None,
+        encoded: bool = False,
+    ) -> AsyncIterator[SnapshotPage]:
+        """The whole table (after the key ``after``, when given) in one
+        REPEATABLE READ transaction, keyset-paged on the primary key; the first
+        page is yielded even when the table is empty, so that the caller always
+        learns the version. ``encoded``: the server writes most columns' JSON
+        text (``pg_snapshot``)."""
         async with self._sessions.guard(f"snapshot {info.table}"):
             conn = await self._sessions.open(reader=True)
         try:
@@ -240,17 +250,57 @@ class PostgresSource:
                 version = await pg_reads.snapshot_version(conn, self._schema, info)
                 ordinary = self._ordinary(info)
                 total = await pg_reads.estimated_rows(conn, info, ordinary=ordinary)
-                last: tuple[Any, ...] | None = None
-                while True:
-                    records = await pg_reads.snapshot_records(conn, info, last, page_size, ordinary=ordinary)
-                    if records or last is None:
-                        rows = [dict(zip(info.column_names, r, strict=True)) for r in records]
-                        yield SnapshotPage(version, rows, total)
-                    if len(records) < page_size:
-                        return
-                    last = tuple(records[-1][: len(info.primary_key)])
+                pages = self._encoded_pages if encoded else self._plain_pages
+                async for page in pages(conn, info, version, total, page_size, after, ordinary):
+                    yield page
         finally:
             await conn.close()
+
+    async def _plain_pages(
+        self,
+        conn: Any,
+        info: TableInfo,
+        version: int,
+        total: int | None,
+        page_size: int,
+        last: tuple[Any, ...] | None,
+        ordinary: bool,
+    ) -> AsyncIterator[SnapshotPage]:
+        first = True
+        while True:
+            records = await pg_reads.snapshot_records(conn, info, last, page_size, ordinary=ordinary)
+            if records or first:
+                rows = [dict(zip(info.column_names, r, strict=True)) for r in records]
+                yield SnapshotPage(version, rows, total)
+            first = False
+            if len(records) < page_size:
+                return
+            last = tuple(records[-1][: len(info.primary_key)])
+
+    async def _encoded_pages(
+        self,
+        conn: Any,
+        info: TableInfo,
+        version: int,
+        total: int | None,
+        page_size: int,
+        last: tuple[Any, ...] | None,
+        ordinary: bool,
+    ) -> AsyncIterator[SnapshotPage]:
+        query = pg_snapshot.encoded_query(info, ordinary=ordinary, utf8=await pg_snapshot.utf8_database(conn))
+        width = len(info.primary_key)
+        names = (*info.primary_key, *query.plain)
+        first = True
+        while True:
+            records = await pg_snapshot.encoded_records(conn, query, last, page_size)
+            if records or first:
+                rows = [dict(zip(names, (*r[:width], *r[width + 1 :]), strict=True)) for r in records]
+                texts = [r[width] for r in records]
+                yield SnapshotPage(version, rows, total, query.encoded, texts)
+            first = False
+            if len(records) < page_size:
+                return
+            last = tuple(records[-1][:width])
 
     async def read_rows(self, info: TableInfo, keys: Sequence[dict[str, Any]]) -> KeyedRows:
         """The current rows of ``keys``, the version read first (``pg_keyed``)."""

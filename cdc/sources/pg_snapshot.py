@@ -1,0 +1,114 @@
+"""A snapshot's pages with PostgreSQL writing the JSON text of most columns.
+
+Why: mapping a snapshot row in Python (psycopg loading ten values, then
+``cdc.values`` encoding them) cost the sidecar ~20 µs a row, half its CPU
+in the snapshot (py-spy, bench/RESULTS.md "Snapshot"). For the types below
+PostgreSQL's own JSON text is byte for byte what ``cdc.values`` writes for the
+value psycopg loads, so the server writes it, and a row arrives as ONE text:
+the columns' JSON texts joined by U+0001, which JSON text never holds raw (a
+string escapes every control character: RFC 8259 §7; PostgreSQL's
+``escape_json`` writes it ``\\u0001``). The other columns (dates and times,
+floats, arrays, bytea...: their JSON spelling here differs from
+PostgreSQL's) are read as values and encoded in Python, as a change's are.
+``tests/cdc/test_snapshot_fast.py`` compares the documents of both paths over
+the type zoo.
+
+- integers: ``to_json`` writes the digits (Python: ``%d``);
+- boolean: ``true`` / ``false``;
+- text, varchar: ``to_json`` escapes ``"``, ``\\``, and control characters
+  (``\\b \\f \\n \\r \\t``, others ``\\u00xx``), as orjson does; only in a UTF8
+  database (a SQL_ASCII one may hold bytes that are no UTF-8);
+- jsonb: its text (what the json loader passes through);
+- numeric: its text as a JSON string (``"12.50"``, ``"NaN"``, ``"Infinity"``:
+  what ``cdc.values`` writes of the Decimal read from that text);
+- uuid: the lowercase text as a JSON string.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import sql
+
+from cdc.sources import pg_reads
+from cdc.sources.base import ENCODED_SEPARATOR, Column, TableInfo
+from cdc.sources.pg_catalog import Connection
+
+SEPARATOR = ENCODED_SEPARATOR
+_DIRECT = {"smallint", "integer", "bigint", "boolean", "jsonb"}
+_AS_STRING = {"uuid"}
+_TEXT = {"text"}
+_NUMERIC = re.compile(r"^numeric(\(\d+(,\s*\d+)?\))?$")
+_VARCHAR = re.compile(r"^character varying(\(\d+\))?$")
+
+
+def json_expression(column: Column, *, utf8: bool) -> sql.Composable | None:
+    """The SQL that writes ``column``'s JSON text exactly as ``cdc.values``
+    would (never NULL: ``null`` for a NULL), or None when Python must."""
+    name = sql.Identifier(column.name)
+    kind = column.type_name
+    if kind in _DIRECT:
+        text: sql.Composable = sql.SQL("to_json({})::text").format(name)
+    elif kind in _AS_STRING or _NUMERIC.match(kind):
+        text = sql.SQL("to_json({}::text)::text").format(name)
+    elif utf8 and (kind in _TEXT or _VARCHAR.match(kind)):
+        text = sql.SQL("to_json({})::text").format(name)
+    else:
+        return None
+    return sql.SQL("coalesce({}, 'null')").format(text)
+
+
+@dataclass(frozen=True)
+class EncodedQuery:
+    """A keyset page whose rows are: the primary key's values, the JSON texts
+    of ``encoded`` joined by ``SEPARATOR``, then the values of ``plain``."""
+
+    encoded: tuple[str, ...]
+    plain: tuple[str, ...]
+    first: sql.Composed  # parameters: [lower bound...], limit
+    after: sql.Composed  # parameters: last key..., limit
+
+
+def encoded_query(info: TableInfo, *, ordinary: bool, utf8: bool) -> EncodedQuery:
+    encoded: list[tuple[str, sql.Composable]] = []
+    plain: list[str] = []
+    for column in info.columns:
+        expression = json_expression(column, utf8=utf8)
+        if expression is None:
+            plain.append(column.name)
+        else:
+            encoded.append((column.name, expression))
+    keys = sql.SQL(", ").join(map(sql.Identifier, info.primary_key))
+    joined = sql.SQL("concat_ws({}, {})").format(
+        sql.Literal(SEPARATOR), sql.SQL(", ").join(e for _, e in encoded) if encoded else sql.SQL("''")
+    )
+    select = sql.SQL("select {}, {}{} from {}").format(
+        keys,
+        joined,
+        sql.SQL("").join(sql.SQL(", {}").format(sql.Identifier(c)) for c in plain),
+        pg_reads.source_relation(info, ordinary=ordinary),
+    )
+    marks = sql.SQL(", ").join(sql.Placeholder() * len(info.primary_key))
+    page = sql.SQL("{}{} order by {} limit %s")
+    return EncodedQuery(
+        tuple(c for c, _ in encoded),
+        tuple(plain),
+        page.format(select, sql.SQL(""), keys),
+        page.format(select, sql.SQL(" where ({}) > ({})").format(keys, marks), keys),
+    )
+
+
+async def utf8_database(conn: Connection) -> bool:
+    row = await (await conn.execute("select current_setting('server_encoding') = 'UTF8'")).fetchone()
+    return bool(row and row[0])
+
+
+async def encoded_records(
+    conn: Connection, query: EncodedQuery, last: tuple[Any, ...] | None, page_size: int
+) -> list[Any]:
+    """The keyset page after the key ``last`` (the first page when None)."""
+    if last is None:
+        return await pg_reads.fetch_all(await conn.execute(query.first, [page_size]))
+    return await pg_reads.fetch_all(await conn.execute(query.after, [*last, page_size]))
