@@ -7,6 +7,9 @@
                      (hex), text: the key value's text, read back by the
                      source as the column's type, as ``read_rows`` reads keys)
     snapshot_shape   the table's shape the pages were written in
+    snapshot_sweep   "0" when the section had written no partition when the
+                     snapshot began: nothing can be stale, no sweep (an
+                     initial snapshot skips reading back every document)
 
 A snapshot resumes only in the same shape (a column added meanwhile is in no
 document of the first part), and only while the first view's version is
@@ -30,7 +33,7 @@ from publishers.manager import DataManager
 
 log = logging.getLogger("cdc.tracker")
 
-FIELDS = ("snapshot_views", "snapshot_after", "snapshot_shape")
+FIELDS = ("snapshot_views", "snapshot_after", "snapshot_shape", "snapshot_sweep")
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class ResumePoint:
     views: tuple[int, ...]
     after: tuple[Any, ...]
     rows: int  # rows written before it, for progress
+    sweep: bool = True  # whether documents of rows gone may exist (``snapshot_sweep``)
 
 
 class Resumes:
@@ -65,8 +69,12 @@ class Resumes:
             )
         return point
 
-    async def begin(self, views: list[int], shape: str) -> None:
-        mapping = {"snapshot_views": ",".join(map(str, views)), "snapshot_shape": shape}
+    async def begin(self, views: list[int], shape: str, sweep: bool) -> None:
+        mapping = {
+            "snapshot_views": ",".join(map(str, views)),
+            "snapshot_shape": shape,
+            "snapshot_sweep": "1" if sweep else "0",
+        }
         await self._call(self.manager.client.hset(self.key, mapping=mapping))  # type: ignore[arg-type]
 
     async def page_done(self, last_key: tuple[Any, ...] | None, rows: int, total: int | None) -> None:

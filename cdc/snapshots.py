@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from cdc.ahead import read_ahead
 from cdc.checkpoint import CheckpointLine
 from cdc.config import TableConfig
 from cdc.feeder import RowFeeder
@@ -75,14 +76,15 @@ class SnapshotLoader:
         next (the first view's, when the snapshot was resumed)."""
         self.progress = SnapshotProgress()
         resume = await self.resumes.take(shape, self.source, info)
-        views = await self._load(info, feeder, resume, shape)
-        if "D" in self.table_config.operations:
+        sweep = resume.sweep if resume else bool(await self.manager.partitions(self.table_config.section))
+        views = await self._load(info, feeder, resume, shape, sweep)
+        if sweep and "D" in self.table_config.operations:
             await self.line.wait_applied(await feeder.sweep(self.table_config.section, *views))
         await self.resumes.clear()
         return min(views)
 
     async def _load(
-        self, info: TableInfo, feeder: RowFeeder, resume: ResumePoint | None, shape: str
+        self, info: TableInfo, feeder: RowFeeder, resume: ResumePoint | None, shape: str, sweep: bool
     ) -> list[int]:
         writer = self.manager.bulk_writer()
         views = list(resume.views) if resume else []
@@ -90,11 +92,11 @@ class SnapshotLoader:
         after = resume.after if resume else None
         version: int | None = None
         pages = self.source.snapshot(info, page_size=self.page_size, after=after, encoded=True)
-        async for page in pages:
+        async for page in read_ahead(pages):
             if version is None:
                 version = page.version
                 views.append(version)
-                await self.resumes.begin(views, shape)
+                await self.resumes.begin(views, shape, sweep)
             await self._page(page, feeder, writer)
         if version is None:  # a source yields one page at least; be safe
             views.append(await self.source.current_version())

@@ -13,12 +13,15 @@ How it stays exact (DESIGN.md §5):
    gone (the subscriber fell off the stream's trimmed end), or a patch does not
    fit the replica, the documents are loaded again and following continues
    from the current seq; ``on_reload`` is called and ``reloads`` counts it.
-4. *Replaced data*: after each read the entry at the read position must still
+4. *Bulk snapshots*: a message with ``op`` ``R`` says a snapshot wrote the
+   section's documents without a message per row: the replica is loaded
+   again (``on_reload``, ``reloads``) and the message is delivered.
+5. *Replaced data*: after each read the entry at the read position must still
    be the message taken there. A Redis that restarted empty (or was flushed)
    starts every stream again from seq 1, and reading on from the old
    position would apply the new data's patches to a replica of the old: the
    replica is loaded again instead.
-5. *Outages*: ``async for`` keeps following across transient Redis errors
+6. *Outages*: ``async for`` keeps following across transient Redis errors
    (a restart, a failover), retrying with a capped backoff; ``poll()`` raises
    them to callers that want to decide themselves.
 
@@ -231,7 +234,12 @@ class Subscriber:
         section = message.get("section")
         if seq > self.seq:
             self.seq = seq
-            if self.section is None or section == self.section:
+            if message.get("op") == "R":
+                # a bulk snapshot wrote the section's documents without a
+                # message per row: load them (DESIGN.md §5)
+                if self.section is None or section == self.section:
+                    await self._reload(fell_off=False)
+            elif self.section is None or section == self.section:
                 try:
                     self._apply(message["section"], message["key"], message["patch"])
                 except (JsonPatchException, JsonPointerException):
