@@ -54,10 +54,11 @@ class Resumes:
     async def take(self, shape: str, source: ChangeSource, info: TableInfo) -> ResumePoint | None:
         """The point to go on from, or None (then any stale one is cleared)."""
         raw = await self._call(self.manager.client.hmget(self.key, [*FIELDS, "snapshot_rows"]))
-        views, after, stored_shape, rows = (None if v is None else redis_calls.text(v) for v in raw)
+        views, after, stored_shape, sweep, rows = (None if v is None else redis_calls.text(v) for v in raw)
         point = None
         if views and after and stored_shape == shape:
-            point = ResumePoint(tuple(int(v) for v in views.split(",")), decode_key(after), int(rows or 0))
+            versions = tuple(int(v) for v in views.split(","))
+            point = ResumePoint(versions, decode_key(after), int(rows or 0), sweep != "0")
             if not await _still_valid(source, info, point.views[0]):
                 point = None
         if point is None:
