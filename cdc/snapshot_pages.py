@@ -2,7 +2,7 @@
 per partition, the data key and every published column's JSON text.
 
 The hot loop of a snapshot: no ``Change`` per row, and the JSON text the
-source wrote (``SnapshotPage.encoded``) is split, not parsed. A row that
+source wrote (``SnapshotPage.records``) is split, not parsed. A row that
 cannot be encoded (``PoisonChange``: a value with no JSON spelling, a row
 over ``max_row_bytes``) is handed back for the dead letter, as the change
 path does.
@@ -10,6 +10,7 @@ path does.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,34 +30,40 @@ class MappedPage:
 
 
 def map_page(page: SnapshotPage, mapper: TableMapper) -> MappedPage:
-    """Every row of ``page`` mapped; its columns in the order ``columns``
+    """Every row of ``page`` mapped; its columns in the order ``rows.columns``
     gives: the source-encoded ones, then the others."""
-    encoded = page.encoded_columns
-    plain = tuple(c for c in mapper.columns if c not in encoded)
-    mapped = MappedPage(PageRows((*encoded, *plain)))
-    texts = page.encoded if page.encoded is not None and encoded else None
     keys = mapper.info.primary_key
+    encoded: tuple[str, ...]
+    if page.records is None:  # rows as dicts: every column a value
+        width, encoded, plain = len(keys), (), mapper.columns
+        records: Sequence[Sequence[Any]] = [
+            (*(row[c] for c in keys), "", *(row.get(c) for c in plain)) for row in page.rows
+        ]
+    else:
+        width, encoded, plain, records = len(keys), page.encoded_columns, page.plain_columns, page.records
+    mapped = MappedPage(PageRows((*encoded, *plain)))
     render_partition = mapper.config.partition.render
     render_key = mapper.key_template.render
     limit, names_size = mapper.max_row_bytes, mapper.names_size
     add = mapped.rows.add
     key: dict[str, Any] = {}
-    for i, row in enumerate(page.rows):
-        key = {c: row[c] for c in keys}
+    for record in records:
+        key = dict(zip(keys, record[:width], strict=True))
+        text = record[width]
         try:
-            values: list[Any] = texts[i].split(SEPARATOR) if texts is not None else []
-            size = names_size + (len(texts[i]) if texts is not None else 0)
-            for column in plain:
-                text = _encode(row.get(column), column)
-                values.append(text)
-                size += len(text)
+            values: list[Any] = text.split(SEPARATOR) if encoded else []
+            size = names_size + len(text)
+            for column, value in zip(plain, record[width + 1 :], strict=True):
+                encoded_value = _encode(value, column)
+                values.append(encoded_value)
+                size += len(encoded_value)
             if size > limit // 4:  # str lengths count characters: measure bytes when it may matter
                 _check_size(values, names_size, limit, mapper, key)
         except PoisonChange as exc:
             mapped.poisoned.append((key, str(exc)))
             continue
         add(render_partition(key), render_key(key), values)
-    if page.rows:
+    if records:
         mapped.last_key = tuple(key[c] for c in keys)
     return mapped
 

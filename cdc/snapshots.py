@@ -121,8 +121,8 @@ class SnapshotLoader:
             )
             await feeder.dead_letter_document(partition, key, page.version, reason)
         self.progress.version, self.progress.total = page.version, page.total
-        self.progress.rows += len(page.rows)
-        self._rows_loaded.inc(len(page.rows))
+        self.progress.rows += len(page)
+        self._rows_loaded.inc(len(page))
         await self.resumes.page_done(mapped.last_key, self.progress.rows, page.total)
 
     async def _mark(self, writer: BulkWriter, version: int, feeder: RowFeeder) -> None:

@@ -289,14 +289,11 @@ class PostgresSource:
     ) -> AsyncIterator[SnapshotPage]:
         query = pg_snapshot.encoded_query(info, ordinary=ordinary, utf8=await pg_snapshot.utf8_database(conn))
         width = len(info.primary_key)
-        names = (*info.primary_key, *query.plain)
         first = True
         while True:
             records = await pg_snapshot.encoded_records(conn, query, last, page_size)
             if records or first:
-                rows = [dict(zip(names, (*r[:width], *r[width + 1 :]), strict=True)) for r in records]
-                texts = [r[width] for r in records]
-                yield SnapshotPage(version, rows, total, query.encoded, texts)
+                yield SnapshotPage(version, [], total, query.encoded, query.plain, records)
             first = False
             if len(records) < page_size:
                 return
