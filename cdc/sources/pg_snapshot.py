@@ -27,13 +27,14 @@ the type zoo.
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from psycopg import sql
 
 from cdc.sources import pg_reads
-from cdc.sources.base import ENCODED_SEPARATOR, Column, TableInfo
+from cdc.sources.base import ENCODED_SEPARATOR, Column, SnapshotPage, TableInfo
 from cdc.sources.pg_catalog import Connection
 
 SEPARATOR = ENCODED_SEPARATOR
@@ -112,3 +113,50 @@ async def encoded_records(
     if last is None:
         return await pg_reads.fetch_all(await conn.execute(query.first, [page_size]))
     return await pg_reads.fetch_all(await conn.execute(query.after, [*last, page_size]))
+
+
+async def plain_pages(
+    conn: Connection,
+    info: TableInfo,
+    version: int,
+    total: int | None,
+    page_size: int,
+    last: tuple[Any, ...] | None,
+    ordinary: bool,
+) -> AsyncIterator[SnapshotPage]:
+    """Keyset pages after the key ``last``, every column a value; the first
+    page even when empty (the caller learns the version)."""
+    first = True
+    while True:
+        records = await pg_reads.snapshot_records(conn, info, last, page_size, ordinary=ordinary)
+        if records or first:
+            rows = [dict(zip(info.column_names, r, strict=True)) for r in records]
+            yield SnapshotPage(version, rows, total)
+        first = False
+        if len(records) < page_size:
+            return
+        last = tuple(records[-1][: len(info.primary_key)])
+
+
+async def encoded_pages(
+    conn: Connection,
+    info: TableInfo,
+    version: int,
+    total: int | None,
+    page_size: int,
+    last: tuple[Any, ...] | None,
+    ordinary: bool,
+) -> AsyncIterator[SnapshotPage]:
+    """``plain_pages`` with most columns' JSON text written by the server
+    (``SnapshotPage.records``)."""
+    query = encoded_query(info, ordinary=ordinary, utf8=await utf8_database(conn))
+    width = len(info.primary_key)
+    first = True
+    while True:
+        records = await encoded_records(conn, query, last, page_size)
+        if records or first:
+            yield SnapshotPage(version, [], total, query.encoded, query.plain, records)
+        first = False
+        if len(records) < page_size:
+            return
+        last = tuple(records[-1][:width])

@@ -250,54 +250,11 @@ class PostgresSource:
                 version = await pg_reads.snapshot_version(conn, self._schema, info)
                 ordinary = self._ordinary(info)
                 total = await pg_reads.estimated_rows(conn, info, ordinary=ordinary)
-                pages = self._encoded_pages if encoded else self._plain_pages
+                pages = pg_snapshot.encoded_pages if encoded else pg_snapshot.plain_pages
                 async for page in pages(conn, info, version, total, page_size, after, ordinary):
                     yield page
         finally:
             await conn.close()
-
-    async def _plain_pages(
-        self,
-        conn: Any,
-        info: TableInfo,
-        version: int,
-        total: int | None,
-        page_size: int,
-        last: tuple[Any, ...] | None,
-        ordinary: bool,
-    ) -> AsyncIterator[SnapshotPage]:
-        first = True
-        while True:
-            records = await pg_reads.snapshot_records(conn, info, last, page_size, ordinary=ordinary)
-            if records or first:
-                rows = [dict(zip(info.column_names, r, strict=True)) for r in records]
-                yield SnapshotPage(version, rows, total)
-            first = False
-            if len(records) < page_size:
-                return
-            last = tuple(records[-1][: len(info.primary_key)])
-
-    async def _encoded_pages(
-        self,
-        conn: Any,
-        info: TableInfo,
-        version: int,
-        total: int | None,
-        page_size: int,
-        last: tuple[Any, ...] | None,
-        ordinary: bool,
-    ) -> AsyncIterator[SnapshotPage]:
-        query = pg_snapshot.encoded_query(info, ordinary=ordinary, utf8=await pg_snapshot.utf8_database(conn))
-        width = len(info.primary_key)
-        first = True
-        while True:
-            records = await pg_snapshot.encoded_records(conn, query, last, page_size)
-            if records or first:
-                yield SnapshotPage(version, [], total, query.encoded, query.plain, records)
-            first = False
-            if len(records) < page_size:
-                return
-            last = tuple(records[-1][:width])
 
     async def read_rows(self, info: TableInfo, keys: Sequence[dict[str, Any]]) -> KeyedRows:
         """The current rows of ``keys``, the version read first (``pg_keyed``)."""
