@@ -67,6 +67,7 @@ class SnapshotLoader:
         self.table = table_config.table
         self.source, self.manager, self.line = source, manager, line
         self._rows_loaded = metrics.snapshot_rows.labels(self.table)
+        self._applied = metrics.changes_applied.labels(self.table)  # as the S changes were
         self.page_size = page_size
         self.progress = SnapshotProgress()
         self.resumes = Resumes(manager, self.table)
@@ -115,6 +116,9 @@ class SnapshotLoader:
             reset=True,
             fence=feeder.mapper.fence,
         )
+        settled = outcome.written + outcome.stale
+        self._applied.inc(settled)
+        feeder.worker.stats.changes += settled  # the heartbeat's "applied", as the S changes were
         for partition, key in outcome.wrong_type:
             reason = (
                 "the document key holds another type than a hash (WRONGTYPE): delete it to mirror the row"

@@ -24,6 +24,10 @@ Returns one character per row: 'w' written, 's' stale (left: newer @v),
 'x' the document key holds another type (nothing written: the caller
 dead-letters that row, as apply.lua's WRONGTYPE would).
 
+Atomic per call because the fence check and the writes must not be split (a
+sidecar that lost the lease could otherwise write after the new owner), and
+a subscriber's load (load_partition.lua) sees a call's rows all or none.
+
 Every row is a whole document: the key is deleted and written again, so a
 column the row lacks (a dropped column) does not survive. Versions are
 compared as decimal strings (length, then bytes), never as Lua numbers.

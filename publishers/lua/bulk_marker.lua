@@ -5,6 +5,9 @@ section ("op":"R"), telling subscribers to reload the section's documents
 (publishers/bulk.py; DESIGN.md section 5). It takes one seq, like any
 message, so seq stays gap-free: INCR, XADD <seq>-0, PUBLISH.
 
+Atomic for the same reason as apply.lua's emit: @seq, the stream entry and
+the message must not interleave with another call, or seq would gap.
+
 KEYS[1] ns:{p}:@seq   KEYS[2] ns:{p}:@stream   KEYS[3] ns:{p}:@fence
 ARGV[1] table   ARGV[2] fencing token ("0": not fenced)
 ARGV[3] the message without its seq: the text after '{"seq":N,'
