@@ -26,7 +26,6 @@ from publishers.bulk import PageRows
 class MappedPage:
     rows: PageRows
     poisoned: list[tuple[dict[str, Any], str]] = field(default_factory=list)  # (primary key, reason)
-    last_key: tuple[Any, ...] | None = None  # the page's last primary key, values in key order
 
 
 def map_page(page: SnapshotPage, mapper: TableMapper) -> MappedPage:
@@ -63,8 +62,6 @@ def map_page(page: SnapshotPage, mapper: TableMapper) -> MappedPage:
             mapped.poisoned.append((key, str(exc)))
             continue
         add(render_partition(key), render_key(key), values)
-    if records:
-        mapped.last_key = tuple(key[c] for c in keys)
     return mapped
 
 

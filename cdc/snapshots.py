@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from cdc.ahead import read_ahead
 from cdc.checkpoint import CheckpointLine
@@ -104,7 +105,10 @@ class SnapshotLoader:
         await self._mark(writer, views[-1], feeder)
         return views
 
-    async def _page(self, page: SnapshotPage, feeder: RowFeeder, writer: BulkWriter) -> None:
+    async def _page(
+        self, page: SnapshotPage, feeder: RowFeeder, writer: BulkWriter, *, reset: bool = True
+    ) -> set[str]:
+        """Write a page; return the partitions it wrote."""
         mapped = map_page(page, feeder.mapper)
         for primary_key, reason in mapped.poisoned:
             await feeder.dead_letter_row(primary_key, page.version, reason)
@@ -113,7 +117,7 @@ class SnapshotLoader:
             self.table_config.section,
             mapped.rows,
             version=page.version,
-            reset=True,
+            reset=reset,
             fence=feeder.mapper.fence,
         )
         settled = outcome.written + outcome.stale
@@ -127,7 +131,26 @@ class SnapshotLoader:
         self.progress.version, self.progress.total = page.version, page.total
         self.progress.rows += len(page)
         self._rows_loaded.inc(len(page))
-        await self.resumes.page_done(mapped.last_key, self.progress.rows, page.total)
+        if reset:  # a whole snapshot: where to go on from
+            await self.resumes.page_done(page.last_key, self.progress.rows, page.total)
+        return set(mapped.rows.by_partition)
+
+    async def load_range(
+        self, info: TableInfo, feeder: RowFeeder, start: tuple[Any, ...] | None, until: tuple[Any, ...] | None
+    ) -> int:
+        """Write the rows of a key range (``cdc.snapshot_range``); return how many."""
+        self.progress = SnapshotProgress()
+        writer = self.manager.bulk_writer()
+        section = self.table_config.section
+        partitions: set[str] = set()
+        version: int | None = None
+        pages = self.source.snapshot(info, page_size=self.page_size, encoded=True, start=start, until=until)
+        async for page in read_ahead(pages):
+            version = page.version
+            partitions |= await self._page(page, feeder, writer, reset=False)
+        for partition in sorted(partitions):
+            await writer.mark(self.table, section, partition, version=version or 0, fence=feeder.mapper.fence)
+        return self.progress.rows
 
     async def _mark(self, writer: BulkWriter, version: int, feeder: RowFeeder) -> None:
         """One ``R`` message in every partition the section has written."""

@@ -152,6 +152,10 @@ class SnapshotPage:
     # of ``encoded_columns`` joined by U+0001 (``cdc.sources.pg_snapshot``),
     # then the values of ``plain_columns``. (Tuples: a dict per row cost the
     # sidecar a tenth of its snapshot CPU, py-spy.)
+    # The page's last primary key as the source pages by it (``snapshot(after=...)``
+    # goes on after it; SQL Server: date and time keys as the server's text);
+    # None for an empty page.
+    last_key: tuple[Any, ...] | None = None
     encoded_columns: tuple[str, ...] = ()
     plain_columns: tuple[str, ...] = ()
     records: list[tuple[Any, ...]] | None = None
@@ -245,11 +249,15 @@ class ChangeSource(Protocol):
         page_size: int,
         after: tuple[Any, ...] | None = None,
         encoded: bool = False,
+        start: tuple[Any, ...] | None = None,
+        until: tuple[Any, ...] | None = None,
     ) -> AsyncIterator[SnapshotPage]:
         """The table's keyset pages (the module docstring); ``after``: only the
         rows whose primary key (values in key order) is above it, to resume a
-        snapshot that stopped there; ``encoded``: the source may write the
-        JSON text of columns itself (``SnapshotPage.encoded``)."""
+        snapshot that stopped there; ``start``/``until``: only the keys in that
+        range, both inclusive (``cdc snapshot --from/--to``); ``encoded``: the
+        source may write the JSON text of columns itself (``SnapshotPage.records``).
+        A key's values may be given as their text (as ``read_rows`` takes them)."""
         ...
 
     async def read_rows(self, info: TableInfo, keys: Sequence[dict[str, Any]]) -> KeyedRows:

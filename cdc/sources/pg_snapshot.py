@@ -62,17 +62,32 @@ def json_expression(column: Column, *, utf8: bool) -> sql.Composable | None:
 
 
 @dataclass(frozen=True)
-class EncodedQuery:
-    """A keyset page whose rows are: the primary key's values, the JSON texts
-    of ``encoded`` joined by ``SEPARATOR``, then the values of ``plain``."""
+class Bounds:
+    """A snapshot's keys: above ``after`` (the last key read), or at or above
+    ``start`` (a range's first page), and at or below ``until``. Values in
+    key order; text is read as the column's type (as ``pg_keyed`` reads keys:
+    an untyped parameter)."""
+
+    after: tuple[Any, ...] | None = None
+    start: tuple[Any, ...] | None = None
+    until: tuple[Any, ...] | None = None
+
+    def next(self, last: tuple[Any, ...]) -> Bounds:
+        """The bounds of the page after the key ``last``."""
+        return Bounds(last, None, self.until)
+
+
+@dataclass(frozen=True)
+class EncodedSelect:
+    """A select whose rows are: the primary key's values, the JSON texts of
+    ``encoded`` joined by ``SEPARATOR``, then the values of ``plain``."""
 
     encoded: tuple[str, ...]
     plain: tuple[str, ...]
-    first: sql.Composed  # parameters: [lower bound...], limit
-    after: sql.Composed  # parameters: last key..., limit
+    select: sql.Composed
 
 
-def encoded_query(info: TableInfo, *, ordinary: bool, utf8: bool) -> EncodedQuery:
+def encoded_select(info: TableInfo, *, ordinary: bool, utf8: bool) -> EncodedSelect:
     encoded: list[tuple[str, sql.Composable]] = []
     plain: list[str] = []
     for column in info.columns:
@@ -91,14 +106,35 @@ def encoded_query(info: TableInfo, *, ordinary: bool, utf8: bool) -> EncodedQuer
         sql.SQL("").join(sql.SQL(", {}").format(sql.Identifier(c)) for c in plain),
         pg_reads.source_relation(info, ordinary=ordinary),
     )
+    return EncodedSelect(tuple(c for c, _ in encoded), tuple(plain), select)
+
+
+def page_query(select: sql.Composable, info: TableInfo, bounds: Bounds) -> tuple[sql.Composed, list[Any]]:
+    """``select`` limited to a keyset page within ``bounds``: the query and
+    its parameters but the limit (the last one)."""
+    keys = sql.SQL(", ").join(map(sql.Identifier, info.primary_key))
     marks = sql.SQL(", ").join(sql.Placeholder() * len(info.primary_key))
-    page = sql.SQL("{}{} order by {} limit %s")
-    return EncodedQuery(
-        tuple(c for c, _ in encoded),
-        tuple(plain),
-        page.format(select, sql.SQL(""), keys),
-        page.format(select, sql.SQL(" where ({}) > ({})").format(keys, marks), keys),
-    )
+    where: list[sql.Composable] = []
+    params: list[Any] = []
+    for values, operator in ((bounds.after, ">"), (bounds.start, ">="), (bounds.until, "<=")):
+        if values is not None:
+            where.append(sql.SQL("({}) {} ({})").format(keys, sql.SQL(operator), marks))
+            params += [_parameter(v, c) for v, c in zip(values, _key_types(info), strict=True)]
+    condition = sql.SQL(" where ") + sql.SQL(" and ").join(where) if where else sql.SQL("")
+    query = sql.SQL("{}{} order by {} limit %s").format(select, condition, keys)
+    return query, params
+
+
+def _key_types(info: TableInfo) -> list[str]:
+    types = {c.name: c.type_name for c in info.columns}
+    return [types.get(k, "") for k in info.primary_key]
+
+
+def _parameter(value: Any, type_name: str) -> Any:
+    """A key value as a parameter: bytea given as hex text decoded (``pg_keyed``)."""
+    if type_name == "bytea" and isinstance(value, str):
+        return bytes.fromhex(value)
+    return value
 
 
 async def utf8_database(conn: Connection) -> bool:
@@ -106,13 +142,11 @@ async def utf8_database(conn: Connection) -> bool:
     return bool(row and row[0])
 
 
-async def encoded_records(
-    conn: Connection, query: EncodedQuery, last: tuple[Any, ...] | None, page_size: int
+async def _records(
+    conn: Connection, select: sql.Composable, info: TableInfo, bounds: Bounds, page_size: int
 ) -> list[Any]:
-    """The keyset page after the key ``last`` (the first page when None)."""
-    if last is None:
-        return await pg_reads.fetch_all(await conn.execute(query.first, [page_size]))
-    return await pg_reads.fetch_all(await conn.execute(query.after, [*last, page_size]))
+    query, params = page_query(select, info, bounds)
+    return await pg_reads.fetch_all(await conn.execute(query, [*params, page_size]))
 
 
 async def plain_pages(
@@ -121,21 +155,25 @@ async def plain_pages(
     version: int,
     total: int | None,
     page_size: int,
-    last: tuple[Any, ...] | None,
+    bounds: Bounds,
     ordinary: bool,
 ) -> AsyncIterator[SnapshotPage]:
-    """Keyset pages after the key ``last``, every column a value; the first
-    page even when empty (the caller learns the version)."""
+    """Keyset pages within ``bounds``, every column a value; the first page
+    even when empty (the caller learns the version)."""
+    select = sql.SQL("select {} from {}").format(
+        sql.SQL(", ").join(map(sql.Identifier, info.column_names)),
+        pg_reads.source_relation(info, ordinary=ordinary),
+    )
     first = True
     while True:
-        records = await pg_reads.snapshot_records(conn, info, last, page_size, ordinary=ordinary)
+        records = await _records(conn, select, info, bounds, page_size)
         if records or first:
             rows = [dict(zip(info.column_names, r, strict=True)) for r in records]
-            yield SnapshotPage(version, rows, total)
+            yield SnapshotPage(version, rows, total, _last_key(records, len(info.primary_key)))
         first = False
         if len(records) < page_size:
             return
-        last = tuple(records[-1][: len(info.primary_key)])
+        bounds = bounds.next(tuple(records[-1][: len(info.primary_key)]))
 
 
 async def encoded_pages(
@@ -144,19 +182,24 @@ async def encoded_pages(
     version: int,
     total: int | None,
     page_size: int,
-    last: tuple[Any, ...] | None,
+    bounds: Bounds,
     ordinary: bool,
 ) -> AsyncIterator[SnapshotPage]:
     """``plain_pages`` with most columns' JSON text written by the server
     (``SnapshotPage.records``)."""
-    query = encoded_query(info, ordinary=ordinary, utf8=await utf8_database(conn))
+    query = encoded_select(info, ordinary=ordinary, utf8=await utf8_database(conn))
     width = len(info.primary_key)
     first = True
     while True:
-        records = await encoded_records(conn, query, last, page_size)
+        records = await _records(conn, query.select, info, bounds, page_size)
         if records or first:
-            yield SnapshotPage(version, [], total, query.encoded, query.plain, records)
+            last = _last_key(records, width)
+            yield SnapshotPage(version, [], total, last, query.encoded, query.plain, records)
         first = False
         if len(records) < page_size:
             return
-        last = tuple(records[-1][:width])
+        bounds = bounds.next(tuple(records[-1][:width]))
+
+
+def _last_key(records: list[Any], width: int) -> tuple[Any, ...] | None:
+    return tuple(records[-1][:width]) if records else None

@@ -236,8 +236,10 @@ class PostgresSource:
         page_size: int,
         after: tuple[Any, ...] | None = None,
         encoded: bool = False,
+        start: tuple[Any, ...] | None = None,
+        until: tuple[Any, ...] | None = None,
     ) -> AsyncIterator[SnapshotPage]:
-        """The whole table (after the key ``after``, when given) in one
+        """The whole table (after the key ``after``, within ``start``..``until``, when given) in one
         REPEATABLE READ transaction, keyset-paged on the primary key; the first
         page is yielded even when the table is empty, so that the caller always
         learns the version. ``encoded``: the server writes most columns' JSON
@@ -250,8 +252,9 @@ class PostgresSource:
                 version = await pg_reads.snapshot_version(conn, self._schema, info)
                 ordinary = self._ordinary(info)
                 total = await pg_reads.estimated_rows(conn, info, ordinary=ordinary)
+                bounds = pg_snapshot.Bounds(after, start, until)
                 pages = pg_snapshot.encoded_pages if encoded else pg_snapshot.plain_pages
-                async for page in pages(conn, info, version, total, page_size, after, ordinary):
+                async for page in pages(conn, info, version, total, page_size, bounds, ordinary):
                     yield page
         finally:
             await conn.close()
