@@ -145,6 +145,7 @@ async def test_a_subscriber_reloads_on_the_marker_and_its_replica_equals_redis(
     )
     assert [m["op"] for m in delivered] == ["R", "U"]
     assert reloads == [seq + 1] or reloads == [seq]  # loaded at the marker (or after the change, too)
+    assert (subscriber.snapshot_reloads, subscriber.reloads) == (1, 0)  # announced, not a gap
     assert subscriber.replica[SECTION] == {
         "9": {"id": 9, "qty": 9, "name": "x"},
         "1": {"id": 1, "qty": 10, "name": "a"},
