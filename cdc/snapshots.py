@@ -36,11 +36,11 @@ from cdc.checkpoint import CheckpointLine
 from cdc.config import TableConfig
 from cdc.feeder import RowFeeder
 from cdc.metrics import Metrics
-from cdc.snapshot_pages import map_page
 from cdc.snapshot_resume import ResumePoint, Resumes
+from cdc.snapshot_writer import PageWriter
 from cdc.sources.base import ChangeSource, SnapshotPage, TableInfo
 from publishers import control
-from publishers.bulk import BulkWriter
+from publishers.bulk import BulkOutcome, BulkWriter
 from publishers.manager import DataManager
 
 log = logging.getLogger("cdc.tracker")
@@ -88,69 +88,60 @@ class SnapshotLoader:
     async def _load(
         self, info: TableInfo, feeder: RowFeeder, resume: ResumePoint | None, shape: str, sweep: bool
     ) -> list[int]:
-        writer = self.manager.bulk_writer()
         views = list(resume.views) if resume else []
+        earlier = len(views)  # views of the parts before this one
         self.progress.rows = resume.rows if resume else 0
         after = resume.after if resume else None
-        version: int | None = None
+        writer = self._writer(feeder, reset=True)
         pages = self.source.snapshot(info, page_size=self.page_size, after=after, encoded=True)
-        async for page in read_ahead(pages):
-            if version is None:
-                version = page.version
-                views.append(version)
-                await self.resumes.begin(views, shape, sweep)
-            await self._page(page, feeder, writer)
-        if version is None:  # a source yields one page at least; be safe
+        try:
+            async for page in read_ahead(pages):
+                if len(views) == earlier:  # this part's first page: its view
+                    views.append(page.version)
+                    await self.resumes.begin(views, shape, sweep)
+                await writer.put(page)
+            await writer.flush()
+        finally:
+            await writer.close()
+        if len(views) == earlier:  # a source yields one page at least; be safe
             views.append(await self.source.current_version())
-        await self._mark(writer, views[-1], feeder)
+        await self._mark(writer.writer, views[-1], feeder)
         return views
-
-    async def _page(
-        self, page: SnapshotPage, feeder: RowFeeder, writer: BulkWriter, *, reset: bool = True
-    ) -> set[str]:
-        """Write a page; return the partitions it wrote."""
-        mapped = map_page(page, feeder.mapper)
-        for primary_key, reason in mapped.poisoned:
-            await feeder.dead_letter_row(primary_key, page.version, reason)
-        outcome = await writer.write(
-            self.table,
-            self.table_config.section,
-            mapped.rows,
-            version=page.version,
-            reset=reset,
-            fence=feeder.mapper.fence,
-        )
-        settled = outcome.written + outcome.stale
-        self._applied.inc(settled)
-        feeder.worker.stats.changes += settled  # the heartbeat's "applied", as the S changes were
-        for partition, key in outcome.wrong_type:
-            reason = (
-                "the document key holds another type than a hash (WRONGTYPE): delete it to mirror the row"
-            )
-            await feeder.dead_letter_document(partition, key, page.version, reason)
-        self.progress.version, self.progress.total = page.version, page.total
-        self.progress.rows += len(page)
-        self._rows_loaded.inc(len(page))
-        if reset:  # a whole snapshot: where to go on from
-            await self.resumes.page_done(page.last_key, self.progress.rows, page.total)
-        return set(mapped.rows.by_partition)
 
     async def load_range(
         self, info: TableInfo, feeder: RowFeeder, start: tuple[Any, ...] | None, until: tuple[Any, ...] | None
     ) -> int:
         """Write the rows of a key range (``cdc.snapshot_range``); return how many."""
         self.progress = SnapshotProgress()
-        writer = self.manager.bulk_writer()
-        section = self.table_config.section
-        partitions: set[str] = set()
-        version: int | None = None
+        writer = self._writer(feeder, reset=False)
+        version = 0
         pages = self.source.snapshot(info, page_size=self.page_size, encoded=True, start=start, until=until)
-        async for page in read_ahead(pages):
-            version = page.version
-            partitions |= await self._page(page, feeder, writer, reset=False)
-        for partition in sorted(partitions):
-            await writer.mark(self.table, section, partition, version=version or 0, fence=feeder.mapper.fence)
+        try:
+            async for page in read_ahead(pages):
+                version = page.version
+                await writer.put(page)
+            await writer.flush()
+        finally:
+            await writer.close()
+        for partition in sorted(writer.partitions):
+            await writer.writer.mark(
+                self.table, self.table_config.section, partition, version=version, fence=feeder.mapper.fence
+            )
         return self.progress.rows
+
+    def _writer(self, feeder: RowFeeder, *, reset: bool) -> PageWriter:
+        async def settled(page: SnapshotPage, outcome: BulkOutcome) -> None:
+            count = outcome.written + outcome.stale
+            self._applied.inc(count)
+            feeder.worker.stats.changes += count  # the heartbeat's "applied", as the S changes were
+            self.progress.version, self.progress.total = page.version, page.total
+            self.progress.rows += len(page)
+            self._rows_loaded.inc(len(page))
+            if reset:  # a whole snapshot: where a stopped one goes on from
+                await self.resumes.page_done(page.last_key, self.progress.rows, page.total)
+
+        writer = self.manager.bulk_writer()
+        return PageWriter(self.table, self.table_config.section, writer, feeder, reset, settled)
 
     async def _mark(self, writer: BulkWriter, version: int, feeder: RowFeeder) -> None:
         """One ``R`` message in every partition the section has written."""
