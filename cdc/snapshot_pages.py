@@ -61,7 +61,11 @@ def map_page(page: SnapshotPage, mapper: TableMapper) -> MappedPage:
         except PoisonChange as exc:
             mapped.poisoned.append((key, str(exc)))
             continue
-        add(render_partition(key), render_key(key), values)
+        partition, data_key = render_partition(key), render_key(key)
+        if not partition or not data_key:  # what the apply path refuses too (publishers.apply)
+            mapped.poisoned.append((key, "empty partition value" if not partition else "empty data key"))
+            continue
+        add(partition, data_key, values)
     return mapped
 
 

@@ -201,3 +201,34 @@ async def test_a_snapshot_that_stops_part_way_goes_on_after_its_last_key_and_end
             daemon.request_stop()
             await asyncio.wait_for(task, 30)
         await client.aclose()
+
+
+@pytest.mark.timeout(60)
+async def test_a_row_whose_partition_renders_empty_goes_to_the_dead_letter_and_the_rest_loads(
+    postgres_dsn: str, redis_url: str, namespace: str, pg_schema: str
+) -> None:
+    s = pg_schema
+    await sql(
+        postgres_dsn,
+        s,
+        "create table {s}.codes (k text primary key, v int)",
+        "insert into {s}.codes values ('a', 1), ('', 2)",
+    )
+    text = (
+        f"source:\n  kind: postgres\n  dsn: {postgres_dsn}\n  tracking_schema: {s}_trk\n"
+        f"redis:\n  url: {redis_url}\n  namespace: {namespace}\n"
+        f"worker:\n  health: null\n"
+        f'tables:\n  - table: {s}.codes\n    partition: "{{k}}"\n    section: codes\n'
+    )
+    config = parse_config(text, "<test>", {})
+    await enable_tracking(config)
+    await asyncio.wait_for(Daemon(config).run(once=True), 60)
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        assert await client.hget(f"{namespace}:{{a}}:codes:a", "v") == b"1"
+        letters = await client.xrange(f"{namespace}:@deadletter")
+        assert [(e[b"table"], e[b"reason"]) for _, e in letters] == [
+            (f"{s}.codes".encode(), b"empty partition value")
+        ]
+    finally:
+        await client.aclose()
