@@ -11,12 +11,12 @@ from contextlib import asynccontextmanager
 
 import orjson
 
-from cdc import checks, snapshot_range
+from cdc import checks
 from cdc.config import Config
 from cdc.daemon import Daemon
 from cdc.errors import CdcError, ConfigError, ConnectError, TransientError
 from cdc.pipeline import Pipeline
-from cdc.snapshot_range import KeyRange
+from cdc.snapshot_range import REQUESTED, KeyRange, request_range, run_range
 from cdc.sources import make_source
 from cdc.sources.base import ChangeSource, Finding
 from publishers import control
@@ -227,7 +227,7 @@ async def snapshot(config: Config, table: str | None, key_range: KeyRange | None
         asked = [t for t in tables if t in owners]
         for t in asked:
             if key_range is not None:
-                await snapshot_range.request(manager, t, key_range)
+                await request_range(manager, t, key_range)
             await control.request_snapshot(manager, t)
             _print(f"asked worker {owners[t]} to re-snapshot {t}")
         done_remotely = []
@@ -277,9 +277,9 @@ async def _snapshot_here(config: Config, tables: list[str], key_range: KeyRange 
             with SnapshotProgressView(chosen) as view:
                 for tracker in chosen:
                     if key_range is not None and tracker.position is not None:
-                        await snapshot_range.run(tracker, key_range)
+                        await run_range(tracker, key_range)
                     else:  # (a table never snapshotted is snapshotted whole)
-                        await tracker.snapshot(snapshot_range.REQUESTED)
+                        await tracker.snapshot(REQUESTED)
                     view.refresh()
             for tracker in chosen:
                 _print(

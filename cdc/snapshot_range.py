@@ -66,7 +66,7 @@ def _values(text: str | None, info: TableInfo, option: str) -> tuple[Any, ...] |
     return values
 
 
-async def request(manager: DataManager, table: str, key_range: KeyRange) -> None:
+async def request_range(manager: DataManager, table: str, key_range: KeyRange) -> None:
     """Store the range for the owner; ``publishers.control.request_snapshot`` asks it."""
     value = orjson.dumps({"from": key_range.start, "to": key_range.until})
     await redis_calls.call(
@@ -108,12 +108,12 @@ async def due(tracker: _Tracker, reason: str) -> None:
     if it asked for one (and the table streams already), else of the table."""
     key_range = await take(tracker.manager, tracker.table)
     if key_range is not None and reason == REQUESTED and tracker.position is not None:
-        await run(tracker, key_range)
+        await run_range(tracker, key_range)
     else:
         await tracker.snapshot(reason)
 
 
-async def run(tracker: _Tracker, key_range: KeyRange) -> None:
+async def run_range(tracker: _Tracker, key_range: KeyRange) -> None:
     """Write the rows of ``key_range`` again; the tracker's checkpoint and read
     position stay where they are."""
     assert tracker.info is not None
