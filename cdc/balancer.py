@@ -30,6 +30,7 @@ import zlib
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from cdc import snapshot_range
 from cdc.errors import CdcError, LeaseLost, TransientError
 from cdc.pipeline import Pipeline
 from cdc.tracker import ChangeTracker
@@ -167,7 +168,7 @@ class Balancer:
         requested = await control.snapshot_requests(self.pipeline.manager, [t.table for t in owned])
         for tracker in owned:
             if tracker.table in requested:
-                tracker.request_snapshot("requested by cdc snapshot")
+                tracker.request_snapshot(snapshot_range.REQUESTED)
 
     async def _renew(self) -> None:
         renewed = await self.leases.renew_all(list(self.running))

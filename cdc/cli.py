@@ -158,11 +158,25 @@ def tracking(
 @cli.command()
 @config_option
 @click.option("--table", "table", default=None, help="schema.table; default: every table.")
-def snapshot(config_path: str, table: str | None) -> None:
-    """Re-snapshot a table (or all)."""
+@click.option(
+    "--from",
+    "start",
+    default=None,
+    help="Only the rows from this primary key on (inclusive; with --table). Several key columns: values in"
+    " key order, separated by commas.",
+)
+@click.option(
+    "--to", "until", default=None, help="Only the rows up to this primary key (inclusive; with --table)."
+)
+def snapshot(config_path: str, table: str | None, start: str | None, until: str | None) -> None:
+    """Re-snapshot a table (or all), or a key range of one table."""
     from cdc.commands import snapshot as do_snapshot
+    from cdc.snapshot_range import KeyRange
 
-    sys.exit(_run(do_snapshot(_load(config_path), table)))
+    if (start is not None or until is not None) and table is None:
+        raise click.UsageError("--from and --to need --table: a key range is one table's")
+    key_range = None if start is None and until is None else KeyRange(start, until)
+    sys.exit(_run(do_snapshot(_load(config_path), table, key_range)))
 
 
 @cli.command()

@@ -16,6 +16,7 @@ from cdc.config import Config, TableConfig
 from cdc.daemon import Daemon
 from cdc.errors import CdcError, ConfigError, ConnectError, TransientError
 from cdc.pipeline import Pipeline
+from cdc.snapshot_range import REQUESTED, KeyRange, request_range, run_range
 from cdc.sources import make_source
 from cdc.sources.base import ChangeSource, Finding
 from publishers import control
@@ -247,15 +248,18 @@ def _warn(message: str) -> None:
 # -- snapshot ------------------------------------------------------------------
 
 
-async def snapshot(config: Config, table: str | None) -> int:
-    """Re-snapshot now. A running sidecar that owns the table is asked to do it
-    (so the snapshot never races its own streaming); otherwise it runs here."""
+async def snapshot(config: Config, table: str | None, key_range: KeyRange | None = None) -> int:
+    """Re-snapshot now (only the rows of ``key_range``, when given:
+    ``cdc.snapshot_range``). A running sidecar that owns the table is asked to
+    do it (so the snapshot never races its own streaming); otherwise it runs here."""
     tables = [config.table(table).table] if table else [t.table for t in config.tables]
     async with connected(config) as (_, manager):
         assert manager is not None
         owners = await control.table_owners(manager, tables)
         asked = [t for t in tables if t in owners]
         for t in asked:
+            if key_range is not None:
+                await request_range(manager, t, key_range)
             await control.request_snapshot(manager, t)
             _print(f"asked worker {owners[t]} to re-snapshot {t}")
         done_remotely = []
@@ -266,7 +270,7 @@ async def snapshot(config: Config, table: str | None) -> int:
                 _print(f"worker {owners[t]} is gone; snapshotting {t} here")
     local = [t for t in tables if t not in done_remotely]
     if local:
-        await _snapshot_here(config, local)
+        await _snapshot_here(config, local, key_range)
     return 0
 
 
@@ -285,7 +289,7 @@ async def _wait_snapshot_done(manager: DataManager, table: str, owner: str) -> b
         await asyncio.sleep(0.2)
 
 
-async def _snapshot_here(config: Config, tables: list[str]) -> None:
+async def _snapshot_here(config: Config, tables: list[str], key_range: KeyRange | None = None) -> None:
     """Snapshot in this process, under each table's lease (so that a sidecar
     starting meanwhile waits for it, and cannot be overwritten by it)."""
     from cdc.progress import SnapshotProgressView
@@ -304,7 +308,10 @@ async def _snapshot_here(config: Config, tables: list[str]) -> None:
                 await tracker.start(token)
             with SnapshotProgressView(chosen) as view:
                 for tracker in chosen:
-                    await tracker.snapshot("requested by cdc snapshot")
+                    if key_range is not None and tracker.position is not None:
+                        await run_range(tracker, key_range)
+                    else:  # (a table never snapshotted is snapshotted whole)
+                        await tracker.snapshot(REQUESTED)
                     view.refresh()
             for tracker in chosen:
                 _print(

@@ -65,12 +65,15 @@ class RowFeeder:
             functools.partial(self._snapshot_row_at, version=version),
         )
 
-    async def sweep(self, section: str, version: int) -> Ticket:
-        """Queue the deletes of the documents a snapshot at ``version`` did not
-        write (rows gone meanwhile); return their sealed ticket."""
-        ticket = Ticket(version=version)
-        async for partition, key in self.manager.stale_keys(section, version):
-            await self.worker.put(self.mapper.delete(partition, key, version), ticket)
+    async def sweep(self, section: str, version: int, *also: int) -> Ticket:
+        """Queue the deletes of the documents a snapshot at ``version`` (and,
+        resumed, at the earlier ``also``) did not write (rows gone meanwhile),
+        at the oldest of them, so that any change after it still applies;
+        return their sealed ticket."""
+        oldest = min((version, *also))
+        ticket = Ticket(version=oldest)
+        async for partition, key in self.manager.stale_keys(section, version, *also):
+            await self.worker.put(self.mapper.delete(partition, key, oldest), ticket)
         ticket.seal()
         return ticket
 
@@ -103,6 +106,17 @@ class RowFeeder:
                 if change is not None:
                     changes.append(change)
             await self.worker.put_many(changes, ticket)
+
+    async def dead_letter_row(self, key: dict[str, Any], version: int, reason: str) -> None:
+        """A snapshot row that cannot be written (``cdc.snapshot_pages``)."""
+        payload: dict[str, object] = {"key": {k: str(v) for k, v in key.items()}}
+        await self._dead_letter(reason, payload, self.mapper.address(key, "S", version))
+
+    async def dead_letter_document(self, partition: str, key: str, version: int, reason: str) -> None:
+        """A snapshot row whose document key Redis refused (another type there)."""
+        section = self.describer.table_config.section
+        address = Change(self.info.table, partition, section, key, "S", version, None)
+        await self._dead_letter(reason, {"key": key}, address)
 
     async def _dead_letter(
         self, reason: str, payload: dict[str, object], address: Change | None = None

@@ -51,6 +51,11 @@ class TableMapper:
             )
 
     @property
+    def names_size(self) -> int:
+        """Bytes of the published columns' names (a row's size counts them)."""
+        return self._names_size
+
+    @property
     def table(self) -> str:
         return self.config.table
 

@@ -167,8 +167,19 @@ class ObservedSource:
     async def wait_for_changes(self, timeout: float) -> set[str]:
         return await self.inner.wait_for_changes(timeout)
 
-    async def snapshot(self, info: TableInfo, *, page_size: int) -> AsyncIterator[SnapshotPage]:
-        pages = self.inner.snapshot(info, page_size=page_size)
+    async def snapshot(
+        self,
+        info: TableInfo,
+        *,
+        page_size: int,
+        after: tuple[Any, ...] | None = None,
+        encoded: bool = False,
+        start: tuple[Any, ...] | None = None,
+        until: tuple[Any, ...] | None = None,
+    ) -> AsyncIterator[SnapshotPage]:
+        pages = self.inner.snapshot(
+            info, page_size=page_size, after=after, encoded=encoded, start=start, until=until
+        )
         try:
             while True:
                 try:

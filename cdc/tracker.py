@@ -38,6 +38,7 @@ from typing import Any, cast
 
 from tenacity import AsyncRetrying, RetryCallState
 
+from cdc import snapshot_range
 from cdc.backoff import EmptyPollBackoff
 from cdc.batching import AutoBatchWorker, Ticket
 from cdc.checkpoint import CheckpointLine
@@ -126,7 +127,7 @@ class ChangeTracker:
             table_config, source=source, manager=manager, line=self.line, metrics=metrics, page_size=page_size
         )
         self.describer = Describer(table_config, source, max_row_bytes)
-        self._rows = RowFeeder(self.describer, worker=worker, manager=manager, metrics=metrics)
+        self.feeder = RowFeeder(self.describer, worker=worker, manager=manager, metrics=metrics)
         self._describe_request: str | None = "not described yet"
         self._shape_checked = False  # the stored shape compared with the described one
         self._snapshot_request: str | None = None
@@ -225,7 +226,7 @@ class ChangeTracker:
             self._snapshot_request = self._snapshot_request or reason
             self._shape_checked = True
         if self._snapshot_request is not None:
-            await self.snapshot(self._snapshot_request)
+            await snapshot_range.due(self, self._snapshot_request)
             await control.clear_snapshot_request(self.manager, self.table)
             self._snapshot_request = None
         elif self.position is None:
@@ -259,7 +260,7 @@ class ChangeTracker:
         rows = 0
         while True:
             rows += len(page.rows)
-            await self._rows.changes(page.rows, ticket)
+            await self.feeder.changes(page.rows, ticket)
             if not page.more:
                 break
             page = await self.source.read_changes(
@@ -306,7 +307,7 @@ class ChangeTracker:
         assert self.info is not None
         shape = self.describer.shape
         started = self.line.now()
-        version = await self.loader.load(self.info, self._rows)
+        version = await self.loader.load(self.info, self.feeder, shape)
         self.position = self.line.snapshotted(version, started)
         await self.checkpoints.persist("streaming")
         await control.set_table_shape(self.manager, self.table, shape)

@@ -50,16 +50,17 @@ class Documents:
         members = await self._call(self.client.smembers(self.layout.partitions(section)))
         return {redis_calls.text(m) for m in members}
 
-    async def stale_keys(self, section: str, version: int) -> AsyncIterator[tuple[str, str]]:
+    async def stale_keys(self, section: str, version: int, *also: int) -> AsyncIterator[tuple[str, str]]:
         """(partition, key) of the section's live documents whose ``@v`` is not
-        ``version``: after a re-snapshot at ``version``, those rows are gone
-        from the source and the daemon deletes them."""
-        wanted = str(version)
+        ``version`` (nor any of ``also``: a resumed snapshot's earlier views):
+        after a re-snapshot at those versions, those rows are gone from the
+        source and the daemon deletes them."""
+        wanted = [str(v) for v in (version, *also)]
         for partition in sorted(await self.partitions(section)):
             prefix = self.layout.document_prefix(partition, section)
             async for keys in self._index_batches(partition, section):
                 documents = [prefix + key for key in keys]  # one partition: one slot on a cluster
-                script = scripts.run(self.client, scripts.STALE_KEYS, documents, [wanted])
+                script = scripts.run(self.client, scripts.STALE_KEYS, documents, wanted)
                 stale = await self._call(script)
                 for position in stale:
                     yield partition, keys[int(position) - 1]

@@ -25,6 +25,7 @@ from publishers.apply import (
     Applier,
     apply_script,
 )
+from publishers.bulk import BulkWriter
 from publishers.connection import RedisClient
 from publishers.documents import Documents, decode_document
 from publishers.errors import CdcError, LeaseLost
@@ -284,9 +285,14 @@ class DataManager:
         """The partition values ``section`` has written."""
         return await self._documents.partitions(section)
 
-    def stale_keys(self, section: str, version: int) -> AsyncIterator[tuple[str, str]]:
-        """(partition, key) of the section's live documents whose ``@v`` is not ``version``."""
-        return self._documents.stale_keys(section, version)
+    def stale_keys(self, section: str, version: int, *also: int) -> AsyncIterator[tuple[str, str]]:
+        """(partition, key) of the section's live documents whose ``@v`` is
+        not ``version`` nor any of ``also``."""
+        return self._documents.stale_keys(section, version, *also)
+
+    def bulk_writer(self) -> BulkWriter:
+        """A snapshot's bulk writer on this manager's client (``publishers.bulk``)."""
+        return BulkWriter(self.client, self.config, self.layout)
 
     async def _call(self, awaitable: Any) -> Any:
         """Await one command (never abandoned half-way), mapping its errors."""

@@ -59,6 +59,8 @@ LIVE_WORKERS = _read("live_workers")
 LEASE_ACQUIRE = _read("lease_acquire")
 LEASE_RENEW = _read("lease_renew")
 LEASE_RELEASE = _read("lease_release")
+BULK_LOAD = _read("bulk_load")
+BULK_MARKER = _read("bulk_marker")
 
 REGISTRY: dict[str, Script] = {
     script.name: script
@@ -72,6 +74,8 @@ REGISTRY: dict[str, Script] = {
         LEASE_ACQUIRE,
         LEASE_RENEW,
         LEASE_RELEASE,
+        BULK_LOAD,
+        BULK_MARKER,
     )
 }
 

@@ -13,12 +13,15 @@ How it stays exact (DESIGN.md §5):
    gone (the subscriber fell off the stream's trimmed end), or a patch does not
    fit the replica, the documents are loaded again and following continues
    from the current seq; ``on_reload`` is called and ``reloads`` counts it.
-4. *Replaced data*: after each read the entry at the read position must still
+4. *Bulk snapshots*: a message with ``op`` ``R`` says a snapshot wrote the
+   section's documents without a message per row: the replica is loaded
+   again (``on_reload``, ``snapshot_reloads``) and the message is delivered.
+5. *Replaced data*: after each read the entry at the read position must still
    be the message taken there. A Redis that restarted empty (or was flushed)
    starts every stream again from seq 1, and reading on from the old
    position would apply the new data's patches to a replica of the old: the
    replica is loaded again instead.
-5. *Outages*: ``async for`` keeps following across transient Redis errors
+6. *Outages*: ``async for`` keeps following across transient Redis errors
    (a restart, a failover), retrying with a capped backoff; ``poll()`` raises
    them to callers that want to decide themselves.
 
@@ -104,6 +107,7 @@ class Subscriber:
         self.position = 0  # the last seq read from the stream
         self._last: bytes | None = None  # the message at ``position``, when known
         self.reloads = 0
+        self.snapshot_reloads = 0  # reloads at R messages (a bulk snapshot)
         self._started = False
         self._stream = self.layout.stream(partition)
 
@@ -231,7 +235,12 @@ class Subscriber:
         section = message.get("section")
         if seq > self.seq:
             self.seq = seq
-            if self.section is None or section == self.section:
+            if message.get("op") == "R":
+                # a bulk snapshot wrote the section's documents without a
+                # message per row: load them (DESIGN.md §5)
+                if self.section is None or section == self.section:
+                    await self._reload(fell_off=False, marker=True)
+            elif self.section is None or section == self.section:
                 try:
                     self._apply(message["section"], message["key"], message["patch"])
                 except (JsonPatchException, JsonPointerException):
@@ -262,17 +271,23 @@ class Subscriber:
 
     # -- loading -----------------------------------------------------------
 
-    async def _reload(self, *, fell_off: bool) -> None:
+    async def _reload(self, *, fell_off: bool, marker: bool = False) -> None:
         """Load the documents again. After a gap the lost messages are skipped
-        (position = the new seq); after a patch that did not fit, reading goes
-        on from where it was, delivering without applying up to the new seq."""
+        (position = the new seq); after a patch that did not fit (or an ``R``
+        message: ``marker``), reading goes on from where it was, delivering
+        without applying up to the new seq. ``reloads`` counts the reloads
+        nothing announced (a gap, a patch that did not fit, replaced data);
+        ``snapshot_reloads`` those of ``R`` messages; ``on_reload`` hears both."""
         last = self._last
         await self._load()
         if fell_off or self.position > self.seq:
             self.position = self.seq
         else:
             self._last = last  # reading goes on from where it was
-        self.reloads += 1
+        if marker:
+            self.snapshot_reloads += 1
+        else:
+            self.reloads += 1
         if self.on_reload is not None:
             self.on_reload(self.seq)
 

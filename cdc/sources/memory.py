@@ -180,13 +180,37 @@ class MemorySource(MemoryDatabase):
                 changes.append(_net_row(t, info, key, window))
         return changes
 
-    async def snapshot(self, info: TableInfo, *, page_size: int) -> AsyncIterator[SnapshotPage]:
-        """The rows as they are now (copied at once: one consistent view), paged by key."""
+    async def snapshot(
+        self,
+        info: TableInfo,
+        *,
+        page_size: int,
+        after: tuple[Any, ...] | None = None,
+        encoded: bool = False,
+        start: tuple[Any, ...] | None = None,
+        until: tuple[Any, ...] | None = None,
+    ) -> AsyncIterator[SnapshotPage]:
+        """The rows as they are now (copied at once: one consistent view), paged
+        by key, after the key ``after`` when given (values in key order), within
+        ``start``..``until``; ``encoded`` is ignored: values come as values."""
         t = self._described(info)
         version = self._version
-        rows = [_published(info, r) for _, r in sorted(t.rows.items())]
-        for start in range(0, max(1, len(rows)), page_size):
-            yield SnapshotPage(version, rows[start : start + page_size], len(rows))
+        keyed = sorted(t.rows.items())
+
+        def within(row: dict[str, Any]) -> bool:
+            key = tuple(row[c] for c in info.primary_key)
+            return (
+                (after is None or key > tuple(after))
+                and (start is None or key >= tuple(start))
+                and (until is None or key <= tuple(until))
+            )
+
+        keyed = [(k, r) for k, r in keyed if within(r)]
+        rows = [_published(info, r) for _, r in keyed]
+        for first in range(0, max(1, len(rows)), page_size):
+            page = rows[first : first + page_size]
+            last = tuple(page[-1][c] for c in info.primary_key) if page else None
+            yield SnapshotPage(version, page, len(rows), last)
 
     async def read_rows(self, info: TableInfo, keys: Sequence[dict[str, Any]]) -> KeyedRows:
         """The rows of ``keys`` as they are now (one view: nothing runs in

@@ -239,20 +239,26 @@ class MssqlSource:
         if found is None or found.fingerprint != info.fingerprint:
             raise SchemaError(problem)
 
-    async def snapshot(self, info: TableInfo, *, page_size: int) -> AsyncIterator[SnapshotPage]:
-        """The whole table in keyset pages at the version read first, in chunks
-        of SNAPSHOT transactions on a connection of its own, resumed after the
-        last key when a chunk fails (``mssql_snapshot``)."""
-        if page_size < 1:
-            raise ValueError("page_size must be at least 1")
+    async def snapshot(
+        self,
+        info: TableInfo,
+        *,
+        page_size: int,
+        after: tuple[Any, ...] | None = None,
+        encoded: bool = False,
+        start: tuple[Any, ...] | None = None,
+        until: tuple[Any, ...] | None = None,
+    ) -> AsyncIterator[SnapshotPage]:
+        """Keyset pages in chunks of SNAPSHOT transactions (``mssql_snapshot``); ``encoded`` is ignored."""
         described = await self._tracked(info)
         link = Link(self._open_connection, self.config.dsn, "cdc-mssql-snapshot")
 
         async def check_rows(rows: Sequence[dict[str, Any] | None]) -> None:
             await self._check_unreadable(described, rows)
 
+        pages = read_snapshot(link, described, page_size, check_rows, after=after, start=start, until=until)
         try:
-            async for page in read_snapshot(link, described, page_size, check_rows):
+            async for page in pages:
                 yield page
         finally:
             await link.close()  # rolls back first when the snapshot was abandoned or failed

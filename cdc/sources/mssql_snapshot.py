@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from cdc.errors import SourceUnavailable, TrackingExpired, TrackingNotEnabled
@@ -68,31 +69,55 @@ CheckRows = Callable[[Sequence[dict[str, Any] | None]], Awaitable[None]]
 
 
 async def read_snapshot(
-    link: Link, described: DescribedTable, page_size: int, check_rows: CheckRows
+    link: Link,
+    described: DescribedTable,
+    page_size: int,
+    check_rows: CheckRows,
+    *,
+    after: Sequence[Any] | None = None,
+    start: Sequence[Any] | None = None,
+    until: Sequence[Any] | None = None,
 ) -> AsyncIterator[SnapshotPage]:
     """The table's pages (the module docstring), on ``link``, a connection of
-    the snapshot's own. ``check_rows`` raises for rows a converter could not
+    the snapshot's own: the keys above ``after`` (a stopped snapshot going on),
+    within ``start``..``until`` (both inclusive: a key range). ``check_rows`` raises for rows a converter could not
     read when the table changed shape. An empty table gives one empty page,
     so the version is always known."""
+    if page_size < 1:
+        raise ValueError("page_size must be at least 1")
     info = described.info
     version, total = await link.run(lambda conn: snapshot_begin(conn, info), info.table)
     chunk = _Chunk(opened=time.monotonic())
-    after: list[Any] | None = None
+    # a resumed snapshot starts after the key it stopped at: the same keyset
+    # predicate as the chunks' (mssql_sql.snapshot_page), in key order
+    cursor: list[Any] | None = None if after is None else list(after)
     first = True
     while True:
-        raw = await chunk.page(link, described, version, page_size, after)
+        bounds = Bounds(cursor, start if cursor is None else None, until)
+        raw = await chunk.page(link, described, version, page_size, bounds)
         if raw is None:
             continue  # the chunk failed: a new one continues after the last key
         rows = [snapshot_row(described, r) for r in raw]
         await check_rows(rows)
+        last = snapshot_cursor(described.shape, raw[-1]) if raw else None
         if rows or first:
-            yield SnapshotPage(version=version, rows=rows, total=total)
+            yield SnapshotPage(version=version, rows=rows, total=total, last_key=last)
         first = False
-        if len(raw) < page_size:
+        if last is None or len(raw) < page_size:
             break
-        after = list(snapshot_cursor(described.shape, raw[-1]))
+        cursor = list(last)
         await chunk.end_if_due(link, info)
     await link.run(lambda conn: snapshot_end(conn, info, version), info.table)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """A page's keys: above ``after`` (the last key read), or at or above
+    ``start`` (a range's first page), and at or below ``until``."""
+
+    after: Sequence[Any] | None
+    start: Sequence[Any] | None
+    until: Sequence[Any] | None
 
 
 class _Chunk:
@@ -104,13 +129,15 @@ class _Chunk:
         self.failures = 0
 
     async def page(
-        self, link: Link, described: DescribedTable, version: int, page_size: int, after: list[Any] | None
+        self, link: Link, described: DescribedTable, version: int, page_size: int, bounds: Bounds
     ) -> list[Any] | None:
-        """The page after ``after`` in this chunk (a new one begun if none is
+        """The page within ``bounds`` in this chunk (a new one begun if none is
         open); None when the chunk failed for a transient reason and the
         snapshot goes on in a new one."""
         info = described.info
-        statement = sql.snapshot_page(described.shape, limit=page_size, after=after)
+        statement = sql.snapshot_page(
+            described.shape, limit=page_size, after=bounds.after, start=bounds.start, until=bounds.until
+        )
         try:
             if not self.open:
                 await link.run(lambda conn: chunk_begin(conn, info, version), info.table)

@@ -247,18 +247,29 @@ def column_ids_of(shape: TableShape) -> Statement:
     return Statement(COLUMN_IDS, (shape.qualified,))
 
 
-def snapshot_page(shape: TableShape, *, limit: int, after: Sequence[Any] | None = None) -> Statement:
-    """One keyset page of the whole table, in primary-key order: the published
-    columns, then the exact text of each ``exact_keys`` column (for the cursor)."""
+def snapshot_page(
+    shape: TableShape,
+    *,
+    limit: int,
+    after: Sequence[Any] | None = None,
+    start: Sequence[Any] | None = None,
+    until: Sequence[Any] | None = None,
+) -> Statement:
+    """One keyset page of the table, in primary-key order: the published
+    columns, then the exact text of each ``exact_keys`` column (for the cursor).
+    Keys above ``after``, or at or above ``start`` (the first page of a range),
+    and at or below ``until``."""
     params: list[Any] = [limit]
     columns = ", ".join(
         shape.selected("t", shape.columns) + [exact_text(f"t.{quote(c)}") for c in shape.exact_keys]
     )
-    where = ""
-    if after is not None:
-        keyset, keyset_params = _keyset_after(_key_terms("t", shape), list(after))
-        where = f" WHERE {keyset}"
-        params += keyset_params
+    bounds: list[str] = []
+    for values, strict, last in ((after, ">", ">"), (start, ">", ">="), (until, "<", "<=")):
+        if values is not None:
+            keyset, keyset_params = _keyset(_key_terms("t", shape), list(values), strict, last)
+            bounds.append(keyset)
+            params += keyset_params
+    where = f" WHERE {' AND '.join(bounds)}" if bounds else ""
     order = ", ".join(f"t.{quote(c)}" for c in shape.primary_key)
     sql = f"SELECT TOP (?) {columns} FROM {shape.qualified} AS t{where} ORDER BY {order}"  # noqa: S608
     return _checked(Statement(sql, tuple(params)))
@@ -303,13 +314,23 @@ def _keyset_after(terms: Sequence[Term], values: Sequence[Any]) -> tuple[str, li
     """``(a, b, ...) > (va, vb, ...)`` spelled out for T-SQL, which has no row
     comparison: ``(a > ? OR (a = ? AND (b > ? OR ...)))``, each parameter as
     ``_key_parameter`` has it."""
+    return _keyset(terms, values, ">", ">")
+
+
+def _keyset(terms: Sequence[Term], values: Sequence[Any], strict: str, last: str) -> tuple[str, list[Any]]:
+    """A row comparison in key order: ``strict`` (``>`` or ``<``) on every
+    column but the last, which takes ``last`` (the same, or with ``=``: a
+    range's inclusive bound)."""
     (expr, declared_type, key_collation), *rest = terms
     value, *more = values
     placeholder = _key_parameter(declared_type, key_collation)
     if not rest:
-        return f"{expr} > {placeholder}", [value]
-    inner, inner_params = _keyset_after(rest, more)
-    return f"({expr} > {placeholder} OR ({expr} = {placeholder} AND {inner}))", [value, value, *inner_params]
+        return f"{expr} {last} {placeholder}", [value]
+    inner, inner_params = _keyset(rest, more, strict, last)
+    return (
+        f"({expr} {strict} {placeholder} OR ({expr} = {placeholder} AND {inner}))",
+        [value, value, *inner_params],
+    )
 
 
 def _checked(statement: Statement) -> Statement:

@@ -265,21 +265,6 @@ class HeldRead:
             await self.conn.execute(sql.SQL("close {}").format(sql.Identifier(self.name)))
 
 
-def snapshot_query(info: TableInfo, *, after: bool, ordinary: bool) -> sql.Composed:
-    """A keyset page: parameters [last key...], limit."""
-    keys = sql.SQL(", ").join(map(sql.Identifier, info.primary_key))
-    cursor: sql.Composable = sql.SQL("")
-    if after:
-        placeholders = sql.SQL(", ").join(sql.Placeholder() * len(info.primary_key))
-        cursor = sql.SQL(" where ({}) > ({})").format(keys, placeholders)
-    return sql.SQL("select {} from {}{} order by {} limit %s").format(
-        sql.SQL(", ").join(map(sql.Identifier, info.column_names)),
-        source_relation(info, ordinary=ordinary),
-        cursor,
-        keys,
-    )
-
-
 # -- a read's window, and its pages ----------------------------------------------
 
 
@@ -458,11 +443,3 @@ async def estimated_rows(conn: Connection, info: TableInfo, *, ordinary: bool) -
     count = sql.SQL("select count(*) from {}").format(source_relation(info, ordinary=ordinary))
     counted = await (await conn.execute(count)).fetchone()
     return int(counted[0]) if counted else None
-
-
-async def snapshot_records(
-    conn: Connection, info: TableInfo, last: tuple[Any, ...] | None, page_size: int, *, ordinary: bool
-) -> list[Any]:
-    """The keyset page after the key ``last`` (the first page when None)."""
-    query = snapshot_query(info, after=last is not None, ordinary=ordinary)
-    return await fetch_all(await conn.execute(query, [*(last or ()), page_size]))

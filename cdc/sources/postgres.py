@@ -65,6 +65,7 @@ from cdc.sources import (
     pg_reads,
     pg_retention,
     pg_shape,
+    pg_snapshot,
     pg_status,
     pg_tracking,
     pg_types,
@@ -228,10 +229,21 @@ class PostgresSource:
 
     # -- snapshots -----------------------------------------------------------
 
-    async def snapshot(self, info: TableInfo, *, page_size: int) -> AsyncIterator[SnapshotPage]:
-        """The whole table in one REPEATABLE READ transaction, keyset-paged on
-        the primary key; the first page is yielded even when the table is empty,
-        so that the caller always learns the version."""
+    async def snapshot(
+        self,
+        info: TableInfo,
+        *,
+        page_size: int,
+        after: tuple[Any, ...] | None = None,
+        encoded: bool = False,
+        start: tuple[Any, ...] | None = None,
+        until: tuple[Any, ...] | None = None,
+    ) -> AsyncIterator[SnapshotPage]:
+        """The whole table (after the key ``after``, within ``start``..``until``, when given) in one
+        REPEATABLE READ transaction, keyset-paged on the primary key; the first
+        page is yielded even when the table is empty, so that the caller always
+        learns the version. ``encoded``: the server writes most columns' JSON
+        text (``pg_snapshot``)."""
         async with self._sessions.guard(f"snapshot {info.table}"):
             conn = await self._sessions.open(reader=True)
         try:
@@ -240,15 +252,10 @@ class PostgresSource:
                 version = await pg_reads.snapshot_version(conn, self._schema, info)
                 ordinary = self._ordinary(info)
                 total = await pg_reads.estimated_rows(conn, info, ordinary=ordinary)
-                last: tuple[Any, ...] | None = None
-                while True:
-                    records = await pg_reads.snapshot_records(conn, info, last, page_size, ordinary=ordinary)
-                    if records or last is None:
-                        rows = [dict(zip(info.column_names, r, strict=True)) for r in records]
-                        yield SnapshotPage(version, rows, total)
-                    if len(records) < page_size:
-                        return
-                    last = tuple(records[-1][: len(info.primary_key)])
+                bounds = pg_snapshot.Bounds(after, start, until)
+                pages = pg_snapshot.encoded_pages if encoded else pg_snapshot.plain_pages
+                async for page in pages(conn, info, version, total, page_size, bounds, ordinary):
+                    yield page
         finally:
             await conn.close()
 

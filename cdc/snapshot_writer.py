@@ -1,0 +1,78 @@
+"""A snapshot's pages written one behind the other: page N+1 is mapped (the
+sidecar's CPU) while Redis writes page N (Redis's CPU), and the source reads
+page N+2 meanwhile (``cdc.ahead``). One after the other, each waited for the
+others: the sidecar's and Redis's time a row added up instead of overlapping.
+
+Each page's outcome is settled in page order: its dead letters, the progress
+and the resume point (which must never pass a page not yet written).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from cdc.feeder import RowFeeder
+from cdc.snapshot_pages import MappedPage, map_page
+from cdc.sources.base import SnapshotPage
+from publishers.bulk import BulkOutcome, BulkWriter
+
+WRONG_TYPE = "the document key holds another type than a hash (WRONGTYPE): delete it to mirror the row"
+
+Settled = Callable[[SnapshotPage, BulkOutcome], Awaitable[None]]
+
+
+@dataclass
+class PageWriter:
+    """Writes pages of ``table``'s ``section`` through ``writer``; ``settled``
+    hears each page once written, in page order."""
+
+    table: str
+    section: str
+    writer: BulkWriter
+    feeder: RowFeeder
+    reset: bool
+    settled: Settled
+    partitions: set[str] = field(default_factory=set)  # every partition written
+    _pending: tuple[SnapshotPage, MappedPage, asyncio.Task[BulkOutcome]] | None = None
+
+    async def put(self, page: SnapshotPage) -> None:
+        """Map ``page`` (while the page before is written), then start writing it."""
+        mapped = map_page(page, self.feeder.mapper)
+        await self._settle()
+        write = self.writer.write(
+            self.table,
+            self.section,
+            mapped.rows,
+            version=page.version,
+            reset=self.reset,
+            fence=self.feeder.mapper.fence,
+        )
+        self._pending = (page, mapped, asyncio.create_task(write))
+
+    async def flush(self) -> None:
+        """Wait for the last page."""
+        await self._settle()
+
+    async def close(self) -> None:
+        """After a failure elsewhere (the source's read of the next page): let
+        the page being written finish and record it, so that a resumed
+        snapshot goes on after it; its own failure is the caller's to tell
+        (the failure being raised is the one that stopped the snapshot)."""
+        with contextlib.suppress(Exception):
+            await self._settle()
+
+    async def _settle(self) -> None:
+        if self._pending is None:
+            return
+        page, mapped, task = self._pending
+        self._pending = None
+        outcome = await task
+        for primary_key, reason in mapped.poisoned:
+            await self.feeder.dead_letter_row(primary_key, page.version, reason)
+        for partition, key in outcome.wrong_type:
+            await self.feeder.dead_letter_document(partition, key, page.version, WRONG_TYPE)
+        self.partitions |= mapped.rows.by_partition.keys()
+        await self.settled(page, outcome)

@@ -1,0 +1,147 @@
+"""The bulk snapshot's Redis half: whole documents written page by page
+without a message per row (``lua/bulk_load.lua``), then ONE ``R`` message per
+partition and section (``lua/bulk_marker.lua``) telling subscribers to reload
+the section's documents (DESIGN.md §5, docs/REDIS.md "The bulk snapshot").
+
+Why: a snapshot row through ``apply.lua`` costs Redis an HMGET, an HSET, an
+SADD, an XADD, an INCR and a PUBLISH of the whole document (~44 µs a row,
+bench/RESULTS.md); a subscriber that receives a million ``S`` messages ends
+where one reload of the section would have put it. Here a row is an HGET,
+a DEL, an HSET and an SADD.
+
+A page's rows are grouped by partition (keys of one partition share a slot:
+a page may span partitions) and sent in calls of at most ``ROWS_PER_CALL``
+rows, one round trip for the page (pipelined; concurrent calls on a cluster).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import orjson
+
+from publishers import redis_calls, scripts
+from publishers.connection import RedisClient
+from publishers.errors import CdcError
+from publishers.layout import Layout
+from publishers.model import timestamp
+from publishers.partition_sets import PartitionSets
+from publishers.settings import RedisConfig
+
+# Rows per script call: Redis serves nobody else while a script runs; a call
+# of 1,000 rows of ten columns runs ~5 ms.
+ROWS_PER_CALL = 1000
+
+# The marker's patch: an RFC 6902 "test" that no document passes (no document
+# has an "@reload" member: names starting with @ are reserved), so a client
+# that does not know the "R" op fails to apply it and reloads, as it does for
+# any patch that does not fit its replica.
+MARKER_PATCH = b'[{"op":"test","path":"/@reload","value":true}]'
+MARKER_KEY = "@reload"
+
+
+@dataclass
+class PageRows:
+    """A page's rows of one section, by partition: data key and the values
+    (JSON text) in the order of ``columns``."""
+
+    columns: Sequence[str]
+    by_partition: dict[str, list[tuple[str, list[bytes]]]] = field(default_factory=dict)
+
+    def add(self, partition: str, key: str, values: list[bytes]) -> None:
+        rows = self.by_partition.get(partition)
+        if rows is None:
+            rows = self.by_partition[partition] = []
+        rows.append((key, values))
+
+
+@dataclass
+class BulkOutcome:
+    """What a page's write left out: rows whose document key holds another
+    type (the caller dead-letters them), and rows left because their document
+    holds a newer ``@v`` (a partial snapshot only)."""
+
+    wrong_type: list[tuple[str, str]] = field(default_factory=list)  # (partition, key)
+    stale: int = 0
+    written: int = 0
+
+
+class BulkWriter:
+    """Writes one table's snapshot pages and markers into ``client``."""
+
+    def __init__(self, client: RedisClient, config: RedisConfig, layout: Layout) -> None:
+        self.client, self.config, self.layout = client, config, layout
+        self._sets = PartitionSets(client, layout, config.url)
+        self._publish = "SPUBLISH" if config.cluster else "PUBLISH"
+
+    async def write(
+        self, table: str, section: str, page: PageRows, *, version: int, reset: bool, fence: int
+    ) -> BulkOutcome:
+        """Write a page's documents at ``version`` (``reset``: over any ``@v``).
+        Raises ``LeaseLost`` (FENCED), ``RedisUnavailable``, or ``CdcError``
+        for a damaged index or fence (CDCLAYOUT) and a refused partitions set."""
+        if not page.by_partition:
+            return BulkOutcome()
+        _, unwritable = await self._sets.register((section, p) for p in page.by_partition)
+        if unwritable:
+            (_, partition), reason = next(iter(unwritable.items()))
+            raise CdcError(f"{table}: cannot snapshot into partition {partition!r}: {reason}")
+        head = [table, str(fence), "1" if reset else "0", str(version), timestamp(), str(len(page.columns))]
+        head += page.columns
+        calls: list[tuple[list[str], list[object]]] = []
+        order: list[tuple[str, list[tuple[str, list[bytes]]]]] = []
+        for partition, rows in page.by_partition.items():
+            prefix = self.layout.document_prefix(partition, section)
+            base = [self.layout.fence(partition), self.layout.index(partition, section)]
+            for start in range(0, len(rows), ROWS_PER_CALL):
+                chunk = rows[start : start + ROWS_PER_CALL]
+                args: list[object] = list(head)
+                for key, values in chunk:
+                    args.append(key)
+                    args += values
+                calls.append((base + [prefix + key for key, _ in chunk], args))
+                order.append((partition, chunk))
+        replies = await scripts.run_many(self.client, scripts.BULK_LOAD, calls, self.config.url)
+        return _outcome(replies, order, self.config.url)
+
+    async def mark(self, table: str, section: str, partition: str, *, version: int, fence: int) -> int:
+        """Publish the section's ``R`` message in ``partition``; return its seq."""
+        body = (
+            b'"partition":%b,"section":%b,"key":%b,"op":"R","version":%d,"table":%b,"ts":"%b","patch":%b}'
+            % (
+                orjson.dumps(partition),
+                orjson.dumps(section),
+                orjson.dumps(MARKER_KEY),
+                version,
+                orjson.dumps(table),
+                timestamp().encode(),
+                MARKER_PATCH,
+            )
+        )
+        keys = [self.layout.seq(partition), self.layout.stream(partition), self.layout.fence(partition)]
+        args = [
+            table,
+            str(fence),
+            body,
+            self.layout.channel(partition, section),
+            self._publish,
+            str(self.config.stream_max_len),
+        ]
+        reply = await scripts.run(self.client, scripts.BULK_MARKER, keys, args, self.config.url)
+        return int(reply)
+
+
+def _outcome(
+    replies: list[object], order: list[tuple[str, list[tuple[str, list[bytes]]]]], url: str
+) -> BulkOutcome:
+    outcome = BulkOutcome()
+    for reply, (partition, chunk) in zip(replies, order, strict=True):
+        if isinstance(reply, BaseException):
+            raise redis_calls.translate(reply, url)
+        statuses = redis_calls.text(reply)
+        outcome.written += statuses.count("w")
+        outcome.stale += statuses.count("s")
+        if "x" in statuses:
+            outcome.wrong_type += [(partition, chunk[i][0]) for i, s in enumerate(statuses) if s == "x"]
+    return outcome

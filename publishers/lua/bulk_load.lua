@@ -1,0 +1,85 @@
+#!lua
+--[[
+cdc-sync bulk_load: a page of a bulk snapshot's rows for ONE partition and ONE
+section: documents and index written, no stream entry and no message per row
+(publishers/bulk.py; docs/REDIS.md "The bulk snapshot"). Subscribers learn of
+the section's new documents from ONE "R" message once the snapshot is done
+(bulk_marker.lua).
+
+KEYS[1]      ns:{p}:@fence          hash: table -> highest fencing token seen
+KEYS[2]      ns:{p}:@index:section
+KEYS[2+i]    ns:{p}:section:dataKey of row i           (i = 1..N)
+
+ARGV[1] table   ARGV[2] fencing token (decimal; "0": not fenced)
+ARGV[3] reset: "1" writes over any @v (a full snapshot is the truth at its
+        version, even over a source that went back in time); "0" leaves a
+        document (or tombstone) whose @v is above the version (a partial
+        snapshot, which the change stream may have passed)
+ARGV[4] version (decimal)   ARGV[5] ts (ISO 8601)   ARGV[6] C columns
+then C x hash field; then N x [data key, value 1..C (JSON text)]
+
+Errors, before anything is written: "CDCLAYOUT ..." (the index or the fence
+of another type), "FENCED ..." (a lower token than the partition has seen).
+Returns one character per row: 'w' written, 's' stale (left: newer @v),
+'x' the document key holds another type (nothing written: the caller
+dead-letters that row, as apply.lua's WRONGTYPE would).
+
+Atomic per call because the fence check and the writes must not be split (a
+sidecar that lost the lease could otherwise write after the new owner), and
+a subscriber's load (load_partition.lua) sees a call's rows all or none.
+
+Every row is a whole document: the key is deleted and written again, so a
+column the row lacks (a dropped column) does not survive. Versions are
+compared as decimal strings (length, then bytes), never as Lua numbers.
+--]]
+
+local call, pcall_redis, unpack = redis.call, redis.pcall, unpack
+local fence_key, index = KEYS[1], KEYS[2]
+local tbl, token, reset, version, ts = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4], ARGV[5]
+local ncols = tonumber(ARGV[6])
+
+local function newer(a, b)
+  if #a ~= #b then return #a > #b end
+  return a > b
+end
+
+local function wrong(key, want)
+  local t = call('TYPE', key)['ok']
+  if t ~= 'none' and t ~= want then return key .. ' holds a ' .. t .. ', expected a ' .. want end
+end
+local problem = wrong(index, 'set') or wrong(fence_key, 'hash')
+if problem then return redis.error_reply('CDCLAYOUT ' .. problem) end
+
+if token ~= '0' then
+  local seen = call('HGET', fence_key, tbl) or '0'
+  if newer(seen, token) then
+    return redis.error_reply('FENCED ' .. tbl .. ' token ' .. token .. ' is below ' .. seen)
+  end
+  if seen ~= token then call('HSET', fence_key, tbl, token) end
+end
+
+local fields = {'@v', version, '@ts', ts}
+local a = 7
+local field = {}
+for c = 1, ncols do field[c] = ARGV[a]; a = a + 1 end
+
+local statuses = {}
+for i = 1, #KEYS - 2 do
+  local doc, key = KEYS[2 + i], ARGV[a]
+  local seen = pcall_redis('HGET', doc, '@v')
+  if type(seen) == 'table' and seen.err then
+    statuses[i] = 'x'
+  elseif seen and not reset and newer(seen, version) then
+    statuses[i] = 's'
+  else
+    for c = 1, ncols do
+      fields[3 + 2 * c], fields[4 + 2 * c] = field[c], ARGV[a + c]
+    end
+    if seen then call('DEL', doc) end
+    call('HSET', doc, unpack(fields))
+    call('SADD', index, key)
+    statuses[i] = 'w'
+  end
+  a = a + 1 + ncols
+end
+return table.concat(statuses)

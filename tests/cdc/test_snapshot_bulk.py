@@ -1,0 +1,180 @@
+"""The bulk snapshot's Redis half (publishers/bulk.py, lua/bulk_load.lua,
+lua/bulk_marker.lua) against real Redis, and the subscriber's side of it:
+documents and index written without a message per row, one R message per
+partition and section that a subscriber reloads on (and that a client not
+knowing R fails to apply, so it reloads too), the fence, @v, and a document
+key of another type."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import jsonpatch
+import jsonschema
+import orjson
+import pytest
+
+from cdc.config import RedisConfig
+from publishers.bulk import MARKER_PATCH, BulkWriter, PageRows
+from publishers.errors import CdcError, LeaseLost
+from publishers.manager import DataManager
+from publishers.messages import message_schema
+from publishers.model import Change
+from publishers.subscriber import Subscriber
+
+P = "p{1}"  # a partition value that needs encoding inside keys
+TABLE, SECTION = "s.items", "items"
+VALIDATOR = jsonschema.Draft202012Validator(message_schema())
+
+
+@pytest.fixture
+async def manager(redis_config: RedisConfig) -> AsyncIterator[DataManager]:
+    manager = await DataManager.connect(redis_config)
+    yield manager
+    await manager.close()
+
+
+def page(*rows: tuple[str, int, str], partition: str = P) -> PageRows:
+    """Rows of (key, qty, name) as JSON text, columns id, qty, name."""
+    out = PageRows(("id", "qty", "name"))
+    for key, qty, name in rows:
+        out.add(partition, key, [key.encode(), b"%d" % qty, orjson.dumps(name)])
+    return out
+
+
+async def fields(manager: DataManager, key: str, partition: str = P) -> dict[str, str]:
+    raw = await manager.client.hgetall(manager.layout.document(partition, SECTION, key))
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+async def test_a_page_writes_whole_documents_and_the_index_without_messages(manager: DataManager) -> None:
+    writer = manager.bulk_writer()
+    # a document with a column the rows no longer have, at an older version
+    old = Change(TABLE, P, SECTION, "1", "I", 3, {"id": b"1", "qty": b"1", "gone": b"true"})
+    await manager.apply([old])
+    seq = int(await manager.client.get(manager.layout.seq(P)))
+
+    outcome = await writer.write(
+        TABLE, SECTION, page(("1", 10, "a"), ("2", 20, "b")), version=7, reset=True, fence=0
+    )
+
+    assert (outcome.written, outcome.stale, outcome.wrong_type) == (2, 0, [])
+    one = await fields(manager, "1")
+    assert {k: v for k, v in one.items() if k != "@ts"} == {"@v": "7", "id": "1", "qty": "10", "name": '"a"'}
+    assert await manager.client.smembers(manager.layout.index(P, SECTION)) == {b"1", b"2"}
+    assert P in await manager.partitions(SECTION)
+    assert int(await manager.client.get(manager.layout.seq(P))) == seq  # no message per row
+    assert await manager.client.xlen(manager.layout.stream(P)) == seq
+
+
+async def test_a_partial_write_leaves_newer_documents_a_full_one_does_not(manager: DataManager) -> None:
+    writer = manager.bulk_writer()
+    await manager.apply(
+        [Change(TABLE, P, SECTION, "1", "I", 9, {"id": b"1", "qty": b"99", "name": b'"new"'})]
+    )
+
+    partial = await writer.write(TABLE, SECTION, page(("1", 10, "old")), version=7, reset=False, fence=0)
+    assert (partial.written, partial.stale) == (0, 1)
+    assert (await fields(manager, "1"))["qty"] == "99"
+
+    full = await writer.write(TABLE, SECTION, page(("1", 10, "old")), version=7, reset=True, fence=0)
+    assert full.written == 1  # a full snapshot is the truth at its version (a restored source)
+    assert (await fields(manager, "1"))["qty"] == "10"
+
+
+async def test_a_fenced_off_writer_writes_nothing(manager: DataManager) -> None:
+    writer = manager.bulk_writer()
+    await writer.write(TABLE, SECTION, page(("1", 1, "new owner")), version=8, reset=True, fence=5)
+    with pytest.raises(LeaseLost):
+        await writer.write(
+            TABLE, SECTION, page(("1", 2, "old"), ("2", 2, "old")), version=9, reset=True, fence=4
+        )
+    with pytest.raises(LeaseLost):
+        await writer.mark(TABLE, SECTION, P, version=9, fence=4)
+    assert (await fields(manager, "1"))["name"] == '"new owner"'
+    assert await manager.client.exists(manager.layout.document(P, SECTION, "2")) == 0
+    assert await manager.client.get(manager.layout.seq(P)) is None
+
+
+async def test_a_document_key_of_another_type_is_reported_and_the_rest_written(manager: DataManager) -> None:
+    await manager.client.set(manager.layout.document(P, SECTION, "2"), "someone else's")
+    outcome = await manager.bulk_writer().write(
+        TABLE, SECTION, page(("1", 1, "a"), ("2", 2, "b"), ("3", 3, "c")), version=7, reset=True, fence=0
+    )
+    assert outcome.wrong_type == [(P, "2")] and outcome.written == 2
+    assert await manager.client.get(manager.layout.document(P, SECTION, "2")) == b"someone else's"
+
+
+async def test_a_damaged_index_fails_the_page_before_anything_is_written(manager: DataManager) -> None:
+    await manager.client.set(manager.layout.index(P, SECTION), "not a set")
+    with pytest.raises(CdcError, match="Redis layout is damaged"):
+        await manager.bulk_writer().write(TABLE, SECTION, page(("1", 1, "a")), version=7, reset=True, fence=0)
+    assert await manager.client.exists(manager.layout.document(P, SECTION, "1")) == 0
+
+
+async def test_a_subscriber_reloads_on_the_marker_and_its_replica_equals_redis(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    await manager.apply([Change(TABLE, P, SECTION, "9", "I", 2, {"id": b"9", "qty": b"9", "name": b'"x"'})])
+    reloads: list[int] = []
+    subscriber = Subscriber(manager.client, redis_config.namespace, P, on_reload=reloads.append)
+    await subscriber.start()
+    assert subscriber.replica == {SECTION: {"9": {"id": 9, "qty": 9, "name": "x"}}}
+
+    writer = manager.bulk_writer()
+    await writer.write(TABLE, SECTION, page(("1", 10, "a"), ("2", 20, "b")), version=7, reset=True, fence=0)
+    seq = await writer.mark(TABLE, SECTION, P, version=7, fence=0)
+    # a change after the marker, applied on top of the reloaded replica
+    await manager.apply([Change(TABLE, P, SECTION, "2", "U", 8, {"id": b"2", "qty": b"21", "name": b'"b"'})])
+
+    delivered: list[dict[str, Any]] = []
+    async with asyncio.timeout(10):
+        while subscriber.position < seq + 1:
+            delivered += await subscriber.poll(block=0.2)
+    for message in delivered:
+        VALIDATOR.validate(message)
+    marker = delivered[0]
+    assert (marker["op"], marker["seq"], marker["section"], marker["version"], marker["table"]) == (
+        "R",
+        seq,
+        SECTION,
+        7,
+        TABLE,
+    )
+    assert [m["op"] for m in delivered] == ["R", "U"]
+    assert reloads == [seq + 1] or reloads == [seq]  # loaded at the marker (or after the change, too)
+    assert (subscriber.snapshot_reloads, subscriber.reloads) == (1, 0)  # announced, not a gap
+    assert subscriber.replica[SECTION] == {
+        "9": {"id": 9, "qty": 9, "name": "x"},
+        "1": {"id": 1, "qty": 10, "name": "a"},
+        "2": {"id": 2, "qty": 21, "name": "b"},
+    }
+    assert subscriber.replica[SECTION] == await manager.documents(P, SECTION)
+
+
+async def test_the_marker_seq_is_gap_free_and_its_patch_fails_every_document(manager: DataManager) -> None:
+    writer = manager.bulk_writer()
+    await manager.apply([Change(TABLE, P, SECTION, "1", "I", 2, {"id": b"1"})])
+    assert await writer.mark(TABLE, SECTION, P, version=3, fence=0) == 2
+    assert await writer.mark(TABLE, SECTION, P, version=4, fence=0) == 3
+    ids = [entry_id for entry_id, _ in await manager.client.xrange(manager.layout.stream(P))]
+    assert ids == [b"1-0", b"2-0", b"3-0"]
+    # a client that does not know R applies the patch as RFC 6902 says: it
+    # fails, for no document and for any document, so the client reloads
+    for document in (None, {}, {"id": 1}, {"@reload": False}):
+        with pytest.raises((jsonpatch.JsonPatchException, jsonpatch.JsonPointerException)):
+            jsonpatch.apply_patch(document, orjson.loads(MARKER_PATCH))
+
+
+async def test_a_page_spanning_partitions_writes_each_in_its_slot(manager: DataManager) -> None:
+    rows = PageRows(("id",))
+    for i in range(5):
+        rows.add(f"q{i % 2}", str(i), [b"%d" % i])
+    outcome = await BulkWriter(manager.client, manager.config, manager.layout).write(
+        TABLE, SECTION, rows, version=7, reset=True, fence=0
+    )
+    assert outcome.written == 5
+    assert await manager.client.smembers(manager.layout.index("q0", SECTION)) == {b"0", b"2", b"4"}
+    assert await manager.client.smembers(manager.layout.index("q1", SECTION)) == {b"1", b"3"}
