@@ -135,7 +135,8 @@ async def test_a_table_added_to_a_running_deployment_is_the_only_one_snapshotted
     assert (await cli("tracking", "enable", "-c", str(path))).returncode == 0
     await execute(postgres_dsn, f"delete from {schema}.lines")  # no lines yet: mirrored = items only
     await run_until_mirrored(path, postgres_dsn, schema, redis_client, namespace)
-    assert await item_messages(redis_client, namespace) == {i: [(1, "S")] for i in range(1, 21)}
+    # a snapshot writes the documents and tells each partition to reload once (op R)
+    assert await item_messages(redis_client, namespace) == {i: [(1, "R")] for i in range(1, 21)}
 
     write_config(path, schema, postgres_dsn, redis_url, namespace)  # lines added
     enabled = await cli("tracking", "enable", "-c", str(path), "--table", f"{schema}.lines")
@@ -146,9 +147,9 @@ async def test_a_table_added_to_a_running_deployment_is_the_only_one_snapshotted
         f"update {schema}.items set qty = 99 where id = 7",  # while no sidecar runs
     )
     await run_until_mirrored(path, postgres_dsn, schema, redis_client, namespace)
-    expected = {i: [(1, "S")] for i in range(1, 21)} | {7: [(1, "S"), (2, "U")]}
+    expected = {i: [(1, "R")] for i in range(1, 21)} | {7: [(1, "R"), (2, "U")]}
     assert await item_messages(redis_client, namespace) == expected
-    assert [m["op"] for m in await messages(redis_client, namespace, "orders")] == ["S"] * 10
+    assert [m["op"] for m in await messages(redis_client, namespace, "orders")] == ["R"]
     await assert_seq_gap_free(redis_client, namespace, ("items", "lines"))
 
 
@@ -216,7 +217,7 @@ async def test_a_changed_key_template_resnapshots_and_sweeps_the_old_keys(
         await task
     told = [(m["op"], m["key"]) for m in (await messages(redis_client, namespace, "orders"))[seq:]]
     assert sorted(told) == sorted(
-        [("S", f"{i}/1") for i in range(1, 11)] + [("D", f"{i}-1") for i in range(1, 11)]
+        [("R", "@reload")] + [("D", f"{i}-1") for i in range(1, 11)]
     )
     await assert_seq_gap_free(redis_client, namespace, ("items", "lines"))
 
