@@ -66,6 +66,10 @@ def targets(results: dict[str, Any]) -> list[Target]:
     if snapshot:
         out.append(Target(f"snapshot of {snapshot['rows']:,} rows", ">= 50,000 rows/s",
                           f"{snapshot['rows_per_second']:,} rows/s", snapshot["rows_per_second"] >= 50_000))  # fmt: skip
+        if "ratio_to_loader" in snapshot:
+            out.append(Target("snapshot vs a one-off loader (psycopg cursor -> HSET pipelines), same run",
+                              ">= 3.5x", f"{snapshot['ratio_to_loader']}x ({snapshot['loader_rows_per_second']:,} rows/s)",
+                              snapshot["ratio_to_loader"] >= 3.5))  # fmt: skip
     out += _pgbench_targets(results.get("pgbench"))
     return out
 
