@@ -9,15 +9,17 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from cdc.config import Config, load_config
-from cdc.demo import database, writer
+from cdc.demo import database, leftovers, writer
 from cdc.demo.compare import TableComparison, compare_table
 from cdc.demo.database import TABLES, Reader
+from cdc.demo.leftovers import PidFile, stop_leftovers
 from cdc.demo.sidecars import Sidecars
 from cdc.demo.terminal import Lines, Screen, say
 from cdc.demo.view import Header, TableView
@@ -31,6 +33,7 @@ DRAIN_TIMEOUT = 30.0  # seconds the sidecars get to apply the writer's last chan
 CATCH_UP_TIMEOUT = 10.0  # seconds the subscribers get to read their partitions' last messages
 KILL_KEY = "k"
 QUIT_KEY = "q"
+START_POLL = 0.05  # seconds between looks for a starting server's pid
 
 
 async def run_demo(
@@ -43,28 +46,62 @@ async def run_demo(
 ) -> int:
     """Run the demo; 0 when the replica equals PostgreSQL at the end, 1 otherwise."""
     root = await asyncio.to_thread(_prepare, directory)
+    await asyncio.to_thread(stop_leftovers, root, say)
+    pids = PidFile(root)  # what this run starts, for the next one should this one be SIGKILLed
+    pids.record(leftovers.DEMO, os.getpid())
     # Own sessions: Ctrl-C must reach the demo alone, which stops the servers last.
     pg = PostgresServer(directory=root / "pg", port=free_port(), own_session=True)
     redis = RedisServer(directory=root / "redis", port=free_port(), own_session=True)
     say(f"starting PostgreSQL on 127.0.0.1:{pg.port} and Redis on 127.0.0.1:{redis.port} (files in {root})")
     try:
-        await asyncio.to_thread(pg.start)
-        await asyncio.to_thread(redis.start)
-        demo = Demo(root, pg, redis, rate=rate, sidecars=sidecars)
+        await _start_recorded(pids, leftovers.POSTGRES, pg.start, lambda: pg.proc, lambda: pg.data)
+        await _start_recorded(pids, leftovers.REDIS, redis.start, lambda: redis.proc)
+        demo = Demo(root, pg, redis, rate=rate, sidecars=sidecars, pids=pids)
         return await demo.run(duration, kill_after)
     finally:
         await asyncio.to_thread(redis.stop)
         await asyncio.to_thread(pg.stop)
+        pids.remove()
         say("PostgreSQL and Redis stopped")
+
+
+async def _start_recorded(
+    pids: PidFile,
+    role: str,
+    start: Callable[[], object],
+    proc: Callable[[], subprocess.Popen[bytes] | None],
+    data: Callable[[], Path] | None = None,
+) -> None:
+    """``start()`` a server (in a thread: it waits until the server accepts)
+    and record its pid as soon as it has one, not once it is ready: a demo
+    killed while PostgreSQL starts up leaves it running too."""
+    starting = asyncio.ensure_future(asyncio.to_thread(start))
+    recorded = False
+    while not recorded:
+        await asyncio.wait({starting}, timeout=START_POLL)
+        running = proc()
+        if running is not None:
+            pids.record(role, running.pid, data() if data else None)
+            recorded = True
+        elif starting.done():
+            break
+    await starting
 
 
 class Demo:
     def __init__(
-        self, root: Path, pg: PostgresServer, redis: RedisServer, *, rate: float, sidecars: int
+        self,
+        root: Path,
+        pg: PostgresServer,
+        redis: RedisServer,
+        *,
+        rate: float,
+        sidecars: int,
+        pids: PidFile,
     ) -> None:
         self.root, self.pg, self.redis, self.rate, self.count = root, pg, redis, rate, sidecars
         self.config_path = root / "tables.yaml"
-        self.sidecars = Sidecars(self.config_path, root)
+        self.sidecars = Sidecars(self.config_path, root, started=pids.record)
         self.stop = asyncio.Event()
         self.hurry = asyncio.Event()  # a second Ctrl-C: stop without waiting for the drain
         self.kills = 0

@@ -41,16 +41,19 @@ REGIONS = 3
 FEATURED_ID = 7  # the station the screen shows in PostgreSQL, Redis and the replica
 LEASE_TTL = "3s"  # a killed sidecar's tables are taken over after it (production: 10s)
 
-# ``health`` takes ${CDC_HEALTH}: each sidecar of the demo sets its own port
-# (two sidecars on one host cannot share one).
+# The servers are written literally, never as ${CDC_SOURCE_DSN:-...}: an
+# operator's shell may export the variables for a real database and Redis, and
+# the demo (its sidecars, and the footer's `cdc status -c` run in that shell)
+# must not write its rows there. ``health`` takes ${CDC_HEALTH}: each sidecar
+# of the demo sets its own port (two sidecars on one host cannot share one).
 CONFIG_YAML = """\
 # Written by `cdc demo`. An ordinary cdc-sync config file: copy it and adapt it.
 source:
   kind: postgres
-  dsn: ${{CDC_SOURCE_DSN:-{dsn}}}
+  dsn: {dsn}
   retention: 1d
 redis:
-  url: ${{CDC_REDIS_URL:-{redis_url}}}
+  url: {redis_url}
   namespace: demo
 worker:
   max_batch_size: 500

@@ -6,6 +6,11 @@ terminal signals the terminal's foreground process group, and the demo, not
 the terminal, decides the order things stop in (writer, then sidecars, then
 servers). Each has its own health port (``CDC_HEALTH``, which the demo's
 config reads) and its own log file.
+
+Their environment is the shell's without its ``CDC_*`` variables: an operator
+who exported ``CDC_SOURCE_DSN``/``CDC_REDIS_URL`` for a real database and Redis
+(or ``CDC_CONFIG``) must not have the demo's sidecars reach them; the demo's
+config names its own servers and reads no other variable.
 """
 
 from __future__ import annotations
@@ -15,11 +20,13 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdc.devservers import free_port
 
+OPERATOR_PREFIX = "CDC_"  # the operator's settings (CDC_SOURCE_DSN, CDC_REDIS_URL, CDC_CONFIG...)
 STOP_TIMEOUT = 30.0  # seconds a sidecar gets to drain and stop after SIGTERM
 
 
@@ -45,7 +52,7 @@ class Sidecar:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self) -> Sidecar:
-        env = {**os.environ, "CDC_HEALTH": f"127.0.0.1:{self.port}"}
+        env = sidecar_environment(os.environ, health=f"127.0.0.1:{self.port}")
         command = [sys.executable, "-m", "cdc.cli", "--text-logs", "run", "-c", str(self.config_path)]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
@@ -80,12 +87,15 @@ class Sidecars:
 
     config_path: Path
     directory: Path
+    started: Callable[[str, int], None] | None = None  # (role, pid) of each sidecar started (pids.json)
     all: list[Sidecar] = field(default_factory=list)
 
     def start_one(self) -> Sidecar:
         name = chr(ord("A") + len(self.all)) if len(self.all) < 26 else f"S{len(self.all)}"
         sidecar = Sidecar(name, self.config_path, self.directory / f"sidecar-{name}.log").start()
         self.all.append(sidecar)
+        if self.started is not None and sidecar.pid is not None:
+            self.started(f"sidecar {name}", sidecar.pid)
         return sidecar
 
     def live(self) -> list[Sidecar]:
@@ -99,6 +109,12 @@ class Sidecars:
         live = self.live()
         codes = await asyncio.gather(*(s.stop() for s in live))
         return {s.name: code for s, code in zip(live, codes, strict=True)}
+
+
+def sidecar_environment(environ: Mapping[str, str], *, health: str) -> dict[str, str]:
+    """``environ`` without any ``CDC_*`` variable, and ``CDC_HEALTH`` = ``health``."""
+    kept = {name: value for name, value in environ.items() if not name.startswith(OPERATOR_PREFIX)}
+    return {**kept, "CDC_HEALTH": health}
 
 
 def worker_pid(worker_id: str) -> int | None:

@@ -36,7 +36,9 @@ class SidecarView:
 @dataclass(frozen=True)
 class TableView:
     table: str
-    state: str  # the owner's state:<table> (heartbeat), else the checkpoint's
+    state: (
+        str  # the lease holder's state:<table> (heartbeat); starting, orphaned, no owner (watch.holding_of)
+    )
     rate: float  # changes/s published, as the subscribers received them (last 5 s)
     lag_seconds: float | None  # the owner's cdc_lag_seconds
     snapshot: str  # "12/250" while a snapshot runs, "done" once streaming, "-" before

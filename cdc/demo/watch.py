@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cdc import status_cmd
 from cdc.config import Config
 from cdc.demo.database import FEATURED_ID, FEATURED_TABLE, SECTIONS, TABLES, Reader
-from cdc.demo.sidecars import Sidecar, Sidecars, worker_pid
+from cdc.demo.sidecars import Sidecars, worker_pid
 from cdc.demo.view import Header, MessageView, PartitionView, RowView, SidecarView, TableView, View
 from cdc.sources import make_source
 from publishers.manager import DataManager
@@ -116,11 +117,16 @@ class Watcher:
     async def view(self, *, keys: bool) -> View:
         row = await self._row()  # first: a change in flight shows PostgreSQL ahead, never behind
         status = await self._status()
-        sidecars, lags = await self._sidecars(status)
+        # One read of the leases decides the table's state, the sidecar that
+        # owns it and the "moved" event alike: the screen never says a table
+        # moved to C while C is listed as standby and the table as orphaned.
+        holdings = {entry["table"]: self._holding(entry) for entry in status["tables"]}
+        self._note_owners(holdings)
+        sidecars, lags = await self._sidecars(holdings)
         return View(
             header=self.header,
             sidecars=sidecars,
-            tables=await self._tables(status, lags),
+            tables=await self._tables(status, holdings, lags),
             partitions=self._partition_views(),
             messages=list(self.messages),
             row=row,
@@ -138,17 +144,11 @@ class Watcher:
         source = status_cmd.SourceView(self.config.source.kind, version, None)
         return await status_cmd.gather(self.config, self._manager(), source)
 
-    async def _sidecars(self, status: dict[str, Any]) -> tuple[list[SidecarView], dict[str, float]]:
+    async def _sidecars(self, holdings: dict[str, Holding]) -> tuple[list[SidecarView], dict[str, float]]:
         """Each sidecar with its readiness and tables; the owners' lag per table."""
-        owned: dict[int, list[str]] = {}
-        for table in status["tables"]:
-            owner = self._owner(table)
-            if owner is not None and owner.pid is not None and table["worker_state"]:
-                owned.setdefault(owner.pid, []).append(table["table"])
-        self._note_owners(status)
         views, lags = [], {}
         for sidecar in self.sidecars.all:
-            tables = tuple(owned.get(sidecar.pid or -1, []))
+            tables = tuple(table for table, holding in holdings.items() if holding.owner == sidecar.name)
             ready = None
             if sidecar.alive:
                 ready, _ = await http_get(sidecar.port, "/readyz")
@@ -158,34 +158,23 @@ class Watcher:
             )
         return views, lags
 
-    def _note_owners(self, status: dict[str, Any]) -> None:
+    def _note_owners(self, holdings: dict[str, Holding]) -> None:
         """An event each time a table changes hands."""
-        for table in status["tables"]:
-            sidecar = self._owner(table)
-            name = sidecar.name if sidecar and sidecar.alive else None
-            before = self._owners.get(table["table"])
-            if name is not None and before is not None and name != before:
+        for table, holding in holdings.items():
+            before = self._owners.get(table)
+            if holding.owner is not None and before is not None and holding.owner != before:
                 killed = self.killed_at.get(before)
                 since = f", {time.monotonic() - killed:.1f}s after {before} was killed" if killed else ""
-                self.event(f"{table['table']} moved from sidecar {before} to {name}{since}")
-            if name is not None:
-                self._owners[table["table"]] = name
+                self.event(f"{table} moved from sidecar {before} to {holding.owner}{since}")
+            if holding.owner is not None:
+                self._owners[table] = holding.owner
 
-    def _owner(self, entry: dict[str, Any]) -> Sidecar | None:
-        """The sidecar holding the table's lease, if it is one of ours."""
+    def _holding(self, entry: dict[str, Any]) -> Holding:
+        """Who holds the table's lease (``cdc status``'s ``owner``) and its state."""
         pid = worker_pid(entry["owner"]) if entry["owner"] else None
-        return self.sidecars.by_pid(pid) if pid is not None else None
-
-    def table_state(self, entry: dict[str, Any]) -> str:
-        """The owner's state of the table (its heartbeat's); ``orphaned``
-        while the lease of a dead owner runs out (its heartbeat may outlive it
-        by up to lease_ttl: the demo knows whom it killed)."""
-        owner = self._owner(entry)
-        if entry["owner"] and (owner is None or owner.alive) and entry["worker_state"]:
-            return str(entry["worker_state"])
-        if entry["owner"]:
-            return "orphaned"
-        return "no owner"
+        sidecar = self.sidecars.by_pid(pid) if pid is not None else None
+        ours = (sidecar.name, sidecar.alive) if sidecar is not None else None
+        return holding_of(entry["owner"], entry["worker_state"], ours)
 
     async def _lags(self, port: int) -> dict[str, float]:
         code, body = await http_get(port, "/metrics")
@@ -197,7 +186,9 @@ class Watcher:
                 lags.update({s.labels["table"]: float(s.value) for s in family.samples})
         return lags
 
-    async def _tables(self, status: dict[str, Any], lags: dict[str, float]) -> list[TableView]:
+    async def _tables(
+        self, status: dict[str, Any], holdings: dict[str, Holding], lags: dict[str, float]
+    ) -> list[TableView]:
         counts = await self.reader.counts()
         docs = await self._redis_documents()
         now = time.monotonic()
@@ -211,7 +202,7 @@ class Watcher:
             views.append(
                 TableView(
                     table=table.table,
-                    state=self.table_state(entry),
+                    state=holdings[table.table].state,
                     rate=len(arrivals) / window,
                     lag_seconds=lags.get(table.table),
                     snapshot=snapshot_text(entry),
@@ -260,6 +251,39 @@ class Watcher:
         if self.manager is None:
             raise RuntimeError("the watcher is not started")
         return self.manager
+
+
+@dataclass(frozen=True)
+class Holding:
+    """A table's owner on the screen and its state, from one read of its lease."""
+
+    owner: str | None  # the demo's live sidecar holding the lease; None: none of them
+    state: str
+
+
+STARTING = "starting"  # the owner's own word (cdc.table_gauges) for a table it has not reported yet
+
+
+def holding_of(holder: str | None, worker_state: str | None, ours: tuple[str, bool] | None) -> Holding:
+    """The screen's owner and state of a table, from its lease ``holder`` (a
+    worker id), that holder's heartbeat ``worker_state`` for it, and
+    ``ours``: (name, alive) when the holder is one of the demo's sidecars.
+
+    A live sidecar of ours that holds the lease owns the table from that
+    moment, the moment the "moved" event names it: its heartbeat (every
+    ``heartbeat``) reports the table a little later, and until it does the
+    table is ``starting``. A dead one's lease is ``orphaned`` until it runs
+    out (its heartbeat may outlive it by up to lease_ttl: the demo knows whom
+    it killed). A holder that is not ours (a sidecar the user started with
+    the demo's config) is shown by its heartbeat."""
+    if holder is None:
+        return Holding(None, "no owner")
+    if ours is None:
+        return Holding(None, worker_state or "orphaned")
+    name, alive = ours
+    if not alive:
+        return Holding(None, "orphaned")
+    return Holding(name, worker_state or STARTING)
 
 
 def snapshot_text(entry: dict[str, Any]) -> str:

@@ -4,18 +4,26 @@ snapshot (unit tests), and the whole demo end to end on this machine."""
 from __future__ import annotations
 
 import datetime as dt
+import json
+import os
 import re
+import signal
 import subprocess
 import sys
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
+import redis
 
 from cdc.config import load_config
 from cdc.demo.compare import compare_table, same_value
+from cdc.demo.leftovers import PIDS_FILE, LeftoverError, PidFile, start_time, stop_leftovers
 from cdc.demo.screen import patch_summary, render, wrap_command
+from cdc.demo.sidecars import sidecar_environment
 from cdc.demo.view import Header, MessageView, PartitionView, RowView, SidecarView, TableView, View
+from cdc.demo.watch import Holding, holding_of
+from cdc.devservers import wait_until
 
 HEADER = Header(
     config_path=".demo/tables.yaml",
@@ -153,15 +161,42 @@ def test_the_closing_line_names_the_key_that_differs() -> None:
     assert same.line() == "replica == PostgreSQL: 2/2 rows of demo.stations"
 
 
+# The operator's shell may export these for a real database and Redis: the
+# demo must use its own servers all the same (and its sidecars too).
+OPERATOR_DSN = "postgresql://operator@127.0.0.1:9/production"  # port 9 (discard): nothing answers
+
+
+def operator_environment(other_redis_url: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "CDC_SOURCE_DSN": OPERATOR_DSN,
+        "CDC_REDIS_URL": other_redis_url,
+        "CDC_CONFIG": "/nonexistent/production.yaml",
+    }
+
+
+def demo_keys(url: str) -> list[bytes]:
+    client = redis.Redis.from_url(url)
+    try:
+        return list(client.scan_iter(match="demo:*", count=1000))
+    finally:
+        client.close()
+
+
 @pytest.mark.timeout(240)
 def test_demo_runs_two_sidecars_survives_a_kill_and_ends_with_the_replica_equal(
     tmp_path: Path, postgres_dsn: str, redis_url: str
 ) -> None:
-    # The fixtures are only asked for so that the test is skipped (or fails
-    # under CI) where the servers cannot run; the demo starts its own.
+    # The fixtures' servers are not the demo's (it starts its own): the
+    # fixtures' Redis plays the operator's real Redis, exported in the shell.
+    assert not demo_keys(redis_url)
     args = ["--dir", str(tmp_path / "demo"), "--duration", "16", "--rate", "40", "--kill-after", "5"]
     result = subprocess.run(
-        [sys.executable, "-m", "cdc.cli", "demo", *args], capture_output=True, text=True, timeout=200
+        [sys.executable, "-m", "cdc.cli", "demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        env=operator_environment(redis_url),
     )
     out = result.stdout
     assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
@@ -173,5 +208,135 @@ def test_demo_runs_two_sidecars_survives_a_kill_and_ends_with_the_replica_equal(
     assert "replica != PostgreSQL" not in out
     assert "sidecars stopped: " in out and "exit 0" in out
     assert "PostgreSQL and Redis stopped" in out
-    config = load_config(tmp_path / "demo" / "tables.yaml")  # the file it wrote is an ordinary config
+    assert not demo_keys(redis_url), "the demo wrote to the operator's Redis (CDC_REDIS_URL)"
+    for log in (tmp_path / "demo").glob("sidecar-*.log"):
+        assert ":9/production" not in log.read_text(errors="replace"), log.name
+    config = load_config(tmp_path / "demo" / "tables.yaml", environ={})  # its servers are written in it
     assert [t.table for t in config.tables] == ["demo.forecasts", "demo.stations"]
+    assert config.source.dsn != OPERATOR_DSN and config.redis.url != redis_url
+    assert not (tmp_path / "demo" / PIDS_FILE).exists()  # the orderly stop leaves nothing to stop
+
+
+@pytest.mark.timeout(240)
+def test_a_demo_killed_with_sigkill_is_cleaned_up_by_the_next_one(
+    tmp_path: Path, postgres_dsn: str, redis_url: str
+) -> None:
+    directory = tmp_path / "demo"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "cdc.cli", "demo", "--dir", str(directory), "--duration", "120"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    pids = PidFile(directory)
+    try:
+        wait_until(lambda: len(pids.entries()) == 5, 90, "the first demo to record its 5 processes")
+    finally:
+        first.kill()  # SIGKILL: no orderly stop; its servers and sidecars keep running
+        first.wait()
+    left = pids.entries()
+    try:
+        assert {e.role for e in left} == {"demo", "PostgreSQL", "Redis", "sidecar A", "sidecar B"}
+        assert all(e.running() for e in left if e.role != "demo")
+        second = subprocess.run(
+            [sys.executable, "-m", "cdc.cli", "demo", "--dir", str(directory), "--duration", "6"],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        out = second.stdout
+        assert second.returncode == 0, out[-3000:] + second.stderr[-3000:]
+        assert "Traceback" not in second.stderr
+        said = [line for line in out.splitlines() if "a previous demo in" in line]
+        assert len(said) == 1, out[-3000:]
+        for entry in left:
+            if entry.role != "demo":
+                assert f"{entry.role} (pid {entry.pid})" in said[0]
+        assert "replica == PostgreSQL: " in out and "replica != PostgreSQL" not in out
+        assert not [e.described() for e in left if e.running()], "left running after the second demo"
+        assert not pids.path.exists()
+    finally:  # a failure leaves nothing running either
+        for entry in left:
+            if entry.running():
+                os.kill(entry.pid, signal.SIGKILL)
+
+
+# -- what a previous demo left, without servers: sleep processes stand in --------------------
+
+
+def sleeper() -> subprocess.Popen[bytes]:
+    return subprocess.Popen(["sleep", "60"], start_new_session=True)
+
+
+def test_leftovers_are_stopped_and_the_pid_file_removed(tmp_path: Path) -> None:
+    procs = [sleeper(), sleeper()]
+    pids = PidFile(tmp_path)
+    pids.record("sidecar A", procs[0].pid)
+    pids.record("Redis", procs[1].pid)
+    said: list[str] = []
+    try:
+        stop_leftovers(tmp_path, said.append)
+        assert [p.wait(5) for p in procs] == [-signal.SIGTERM, -signal.SIGTERM]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert len(said) == 1 and f"sidecar A (pid {procs[0].pid}), Redis (pid {procs[1].pid})" in said[0]
+    assert not pids.path.exists()
+
+
+def test_a_reused_pid_is_never_signalled(tmp_path: Path) -> None:
+    """pids.json names a pid that another process has by now: its start time differs."""
+    other = sleeper()
+    try:
+        started = start_time(other.pid)
+        assert started is not None
+        (tmp_path / PIDS_FILE).write_text(
+            json.dumps([{"role": "sidecar A", "pid": other.pid, "start_time": started - 1, "data": None}])
+        )
+        said: list[str] = []
+        stop_leftovers(tmp_path, said.append)
+        assert other.poll() is None and said == []
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_demo_still_running_in_the_directory_is_a_clear_error(tmp_path: Path) -> None:
+    running = sleeper()
+    try:
+        PidFile(tmp_path).record("demo", running.pid)
+        with pytest.raises(LeftoverError, match=rf"another cdc demo \(pid {running.pid}\) is running"):
+            stop_leftovers(tmp_path, print)
+        assert running.poll() is None  # not stopped: it is not a leftover
+    finally:
+        running.kill()
+        running.wait()
+
+
+def test_the_sidecars_get_none_of_the_operators_cdc_variables() -> None:
+    shell = {
+        "PATH": "/usr/bin",
+        "CDC_SOURCE_DSN": "x",
+        "CDC_REDIS_URL": "y",
+        "CDC_CONFIG": "z",
+        "CDC_HEALTH": "h",
+    }
+    assert sidecar_environment(shell, health="127.0.0.1:5000") == {
+        "PATH": "/usr/bin",
+        "CDC_HEALTH": "127.0.0.1:5000",
+    }
+
+
+# -- the table's owner and state during a take-over --------------------------------------------
+
+
+def test_the_new_owner_owns_the_table_from_the_read_that_names_it() -> None:
+    """B killed, C takes the lease: C owns the table from that read on, and
+    it is "starting" until C's heartbeat reports it, never orphaned or C standby."""
+    assert holding_of("host-101-aa", "streaming", ("B", True)) == Holding("B", "streaming")
+    assert holding_of("host-101-aa", "streaming", ("B", False)) == Holding(None, "orphaned")
+    assert holding_of("host-103-cc", None, ("C", True)) == Holding("C", "starting")
+    assert holding_of("host-103-cc", "snapshotting", ("C", True)) == Holding("C", "snapshotting")
+    assert holding_of(None, None, None) == Holding(None, "no owner")
+    assert holding_of("elsewhere-9-zz", "streaming", None) == Holding(None, "streaming")
+    assert holding_of("elsewhere-9-zz", None, None) == Holding(None, "orphaned")
