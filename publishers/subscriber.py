@@ -209,7 +209,12 @@ class Subscriber:
                         return out
                     for entry in missing:
                         out += await self._take(*entry)
-                out += await self._take(seq, raw)
+                # _take inline: no coroutine a message (the reload, rare, is the only await)
+                taken, fits = self._step(seq, raw)
+                if not fits:
+                    await self._reload(fell_off=False)
+                if taken is not None:
+                    out.append(taken)
         except TransientError:
             if not out:
                 raise
@@ -226,19 +231,28 @@ class Subscriber:
 
     async def _take(self, seq: int, raw: bytes) -> list[Entry]:
         """Apply one message (if newer than the replica) and say whether to deliver it."""
+        taken, fits = self._step(seq, raw)
+        if not fits:
+            await self._reload(fell_off=False)
+        return [] if taken is None else [taken]
+
+    def _step(self, seq: int, raw: bytes) -> tuple[Entry | None, bool]:
+        """``_take`` up to the reload: the entry to deliver (or None), and
+        whether its patch fitted the replica (if not, reload)."""
         message = decode_message(raw)
         self.position, self._last = seq, raw
         section = message.get("section")
+        wanted = self.section is None or section == self.section
+        fits = True
         if seq > self.seq:
             self.seq = seq
-            if self.section is None or section == self.section:
+            if wanted:
                 try:
                     self._apply(message["section"], message["key"], message["patch"])
                 except (JsonPatchException, JsonPointerException):
-                    await self._reload(fell_off=False)
-        wanted = self.section is None or section == self.section
+                    fits = False
         delivered = wanted and (self.from_seq is None or seq >= self.from_seq)
-        return [Entry(seq, raw, message)] if delivered else []
+        return (Entry(seq, raw, message) if delivered else None), fits
 
     def _apply(self, section: str, key: str, patch: list[dict[str, Any]]) -> None:
         """Patch one replica document (``apply_patch`` copies the patch's values,
