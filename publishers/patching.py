@@ -18,6 +18,7 @@ written against it keeps working.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from jsonpatch import InvalidJsonPatch, JsonPatchConflict, JsonPatchTestFailed
@@ -87,16 +88,26 @@ def _copy(value: Any, depth: int = 0) -> Any:
     if kind is dict:
         if depth > _SHALLOW:
             return exact_json.copy(value)
-        return {k: _copy(v, depth + 1) if isinstance(v, _CONTAINERS) else v for k, v in value.items()}
+        copied = value.copy()
+        if not _SCALARS.issuperset(map(type, copied.values())):  # a C pass: usually all scalars
+            for k, v in copied.items():  # (replacing values, not keys, while iterating is allowed)
+                if type(v) not in _SCALARS:
+                    copied[k] = _copy(v, depth + 1)
+        return copied
     if kind is list:
         if depth > _SHALLOW:
             return exact_json.copy(value)
-        return [_copy(v, depth + 1) if isinstance(v, _CONTAINERS) else v for v in value]
-    return exact_json.copy(value) if isinstance(value, _CONTAINERS) else value  # a subclass
+        if _SCALARS.issuperset(map(type, value)):
+            return value.copy()
+        return [v if type(v) in _SCALARS else _copy(v, depth + 1) for v in value]
+    return exact_json.copy(value) if isinstance(value, _CONTAINERS) else value  # a subclass, or a scalar
 
 
 _SHALLOW = 32  # levels copied by recursion, far below the interpreter's limit
 _CONTAINERS = (dict, list)
+# Immutable JSON scalars, by exact type: kept, not copied. Any other type (a
+# container, a subclass) goes through ``_copy`` itself.
+_SCALARS = frozenset({str, int, float, bool, type(None), Decimal})
 
 
 def apply_operation(document: Any, operation: dict[str, Any]) -> Any:

@@ -62,6 +62,10 @@ from publishers.settings import RedisConfig
 RETRY_WAIT = equal_jitter(0.1, 2.0)  # between attempts while Redis is unavailable: 0.05-0.1 s ... 1-2 s
 
 
+# What a message needs after it is taken (Subscriber._step).
+_NO_RELOAD, _MARKER, _MISFIT = "none", "marker", "misfit"
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     """One delivered message: its seq, its JSON text exactly as the stream
@@ -213,7 +217,12 @@ class Subscriber:
                         return out
                     for entry in missing:
                         out += await self._take(*entry)
-                out += await self._take(seq, raw)
+                # _take inline: no coroutine a message (the reload, rare, is the only await)
+                taken, reload = self._step(seq, raw)
+                if reload is not _NO_RELOAD:
+                    await self._reload(fell_off=False, marker=reload is _MARKER)
+                if taken is not None:
+                    out.append(taken)
         except TransientError:
             if not out:
                 raise
@@ -230,24 +239,33 @@ class Subscriber:
 
     async def _take(self, seq: int, raw: bytes) -> list[Entry]:
         """Apply one message (if newer than the replica) and say whether to deliver it."""
+        taken, reload = self._step(seq, raw)
+        if reload is not _NO_RELOAD:
+            await self._reload(fell_off=False, marker=reload is _MARKER)
+        return [] if taken is None else [taken]
+
+    def _step(self, seq: int, raw: bytes) -> tuple[Entry | None, str]:
+        """``_take`` up to the reload: the entry to deliver (or None), and which
+        reload it needs: none, an ``R`` message's (``_MARKER``), or that of a
+        patch that did not fit the replica (``_MISFIT``)."""
         message = decode_message(raw)
         self.position, self._last = seq, raw
         section = message.get("section")
+        wanted = self.section is None or section == self.section
+        reload = _NO_RELOAD
         if seq > self.seq:
             self.seq = seq
-            if message.get("op") == "R":
+            if wanted and message.get("op") == "R":
                 # a bulk snapshot wrote the section's documents without a
                 # message per row: load them (DESIGN.md §5)
-                if self.section is None or section == self.section:
-                    await self._reload(fell_off=False, marker=True)
-            elif self.section is None or section == self.section:
+                reload = _MARKER
+            elif wanted:
                 try:
                     self._apply(message["section"], message["key"], message["patch"])
                 except (JsonPatchException, JsonPointerException):
-                    await self._reload(fell_off=False)
-        wanted = self.section is None or section == self.section
+                    reload = _MISFIT
         delivered = wanted and (self.from_seq is None or seq >= self.from_seq)
-        return [Entry(seq, raw, message)] if delivered else []
+        return (Entry(seq, raw, message) if delivered else None), reload
 
     def _apply(self, section: str, key: str, patch: list[dict[str, Any]]) -> None:
         """Patch one replica document (``apply_patch`` copies the patch's values,

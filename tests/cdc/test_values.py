@@ -496,3 +496,18 @@ def test_encoded_values_do_not_keep_orjson_buffers() -> None:
     finally:
         tracemalloc.stop()
     assert len(kept) == 1000 and grown < 200 * 1000
+
+
+@given(
+    st.builds(
+        lambda sign, digits, exponent: Decimal((sign, tuple(digits), exponent)),
+        st.integers(0, 1),
+        st.lists(st.integers(0, 9), min_size=1, max_size=40),
+        st.integers(-45, 45),
+    )
+)
+def test_a_decimals_shortcut_writes_the_fixed_point_digits(value: Decimal) -> None:
+    """The decimal shortcut takes ``str`` where it is fixed point; every
+    coefficient and exponent (str switches to an exponent above 0 and below
+    1e-6) must give ``format(value, "f")``'s digits."""
+    assert encode_value(value, "Amount") == b'"%b"' % format(value, "f").encode()

@@ -3,6 +3,7 @@ at any depth, with the exceptions ``jsonpatch`` raises."""
 
 from __future__ import annotations
 
+import collections
 from decimal import Decimal
 from typing import Any
 
@@ -211,3 +212,36 @@ def test_the_fast_path_copies_values_out_of_the_patch() -> None:
     value = [{"deep": [1]}]
     updated = apply_patch(inserted, [{"op": "add", "path": "/n", "value": value}])
     assert updated["n"] == value and updated["n"][0]["deep"] is not value[0]["deep"]  # type: ignore[index]
+
+
+def _containers(value: Any) -> list[int]:
+    """The ids of every dict and list in ``value``."""
+    found, work = [], [value]
+    while work:
+        item = work.pop()
+        if isinstance(item, dict | list):
+            found.append(id(item))
+            work += item.values() if isinstance(item, dict) else item
+    return found
+
+
+copied_values = st.recursive(
+    scalars | st.decimals(allow_nan=False),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(members, inner, max_size=4)
+        | st.dictionaries(members, inner, max_size=2).map(collections.OrderedDict)
+    ),  # a subclass
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(copied_values)
+def test_the_fast_paths_copy_is_a_deep_copy(value: Any) -> None:
+    """``_copy`` (the fast path's, which keeps scalars and copies containers
+    found by type) is ``exact_json.copy``: equal, and no dict or list shared
+    with the patch, at any level."""
+    copied = patching._copy(value)
+    assert exact_json.equal(copied, exact_json.copy(value))
+    assert not set(_containers(copied)) & set(_containers(value))

@@ -16,13 +16,15 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from cdc.config import SourceConfig, TableConfig
 from cdc.errors import PoisonChange, UnsupportedType
 from cdc.mapping import TableMapper
-from cdc.sources.pg_types import MoneyLoader, RawJsonLoader, iso_datetime, iso_time
+from cdc.sources.pg_types import MoneyLoader, RawJsonLoader, _lone_surrogate, iso_datetime, iso_time
 from cdc.sources.postgres import PostgresSource
 from cdc.values import RawJson, Unreadable, encode_value
 from tests.cdc.pg_type_zoo import DEAD, EXTENSION_ZOO, EXTENSIONS, SETUP, ZOO, Case, quoted
@@ -342,6 +344,40 @@ def test_money_is_its_digits_whatever_the_locale_prints(printed: str, scale: int
 )
 def test_json_escaping_half_a_surrogate_pair_is_unreadable(text: bytes, lone: str | None) -> None:
     loaded = RawJsonLoader(114).load(text)
+    if lone is None:
+        assert loaded == RawJson(text)
+    else:
+        assert isinstance(loaded, Unreadable) and f"({lone})" in loaded.reason
+
+
+escape_fragments = st.lists(
+    st.sampled_from(
+        [
+            b"\\",
+            b"\\u",
+            b"\\ud800",
+            b"\\uD83C",
+            b"\\udf89",
+            b"\\uDFFF",
+            b"\\u00e9",
+            b"u",
+            b"d",
+            b"D",
+            b"a",
+            b'"',
+        ]
+    ),
+    max_size=8,
+).map(b"".join)
+
+
+@given(escape_fragments)
+def test_the_json_loaders_surrogate_search_finds_what_the_full_scan_finds(text: bytes) -> None:
+    """The loader looks for a surrogate escape with one regular expression
+    (``_SURROGATE_HINT``) before scanning the escapes: it must dead-letter
+    exactly the texts the full scan (``_lone_surrogate``) finds one in."""
+    loaded = RawJsonLoader(114).load(text)
+    lone = _lone_surrogate(text)
     if lone is None:
         assert loaded == RawJson(text)
     else:
