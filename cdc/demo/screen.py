@@ -217,7 +217,11 @@ def message_line(message: MessageView) -> str:
 def patch_summary(op: str, patch: Sequence[dict[str, Any]]) -> str:
     """An insert (the root replaced by a document) ``+ col=value ...``, a
     delete (the root replaced by null) ``-``, an update ``col=value`` per
-    replaced column, ``+col=value`` per added one and ``-col`` per removed one."""
+    replaced column, ``+col=value`` per added one and ``-col`` per removed one;
+    a snapshot's marker (``R``: the section's documents were written in bulk)
+    says so."""
+    if op == "R":
+        return "snapshot written: subscribers reload the section"
     if op == "D" or any(p.get("path") == "" and p.get("value") is None for p in patch):
         return "-"
     parts = []

@@ -125,6 +125,8 @@ def test_the_op_rendering_insert_update_delete() -> None:
     ]
     assert patch_summary("U", update) == 'price="1.75" +a/b=1 -gone'
     assert patch_summary("S", [{"op": "replace", "path": "/n", "value": Decimal("1e400")}]) == "n=1E+400"
+    marker = [{"op": "test", "path": "/@reload", "value": True}]
+    assert patch_summary("R", marker) == "snapshot written: subscribers reload the section"
 
 
 def test_a_long_command_wraps_at_a_space_outside_quotes() -> None:

@@ -216,9 +216,7 @@ async def test_a_changed_key_template_resnapshots_and_sweeps_the_old_keys(
         daemon.request_stop()
         await task
     told = [(m["op"], m["key"]) for m in (await messages(redis_client, namespace, "orders"))[seq:]]
-    assert sorted(told) == sorted(
-        [("R", "@reload")] + [("D", f"{i}-1") for i in range(1, 11)]
-    )
+    assert sorted(told) == sorted([("R", "@reload")] + [("D", f"{i}-1") for i in range(1, 11)])
     await assert_seq_gap_free(redis_client, namespace, ("items", "lines"))
 
 
