@@ -7,7 +7,6 @@ applier gets to send batches in between.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -57,14 +56,6 @@ class RowFeeder:
     async def changes(self, rows: list[ChangeRow], ticket: Ticket) -> None:
         await self._queue(rows, ticket, self.mapper.from_row, lambda row: (row.key, row.op, row.version))
 
-    async def snapshot_rows(self, rows: list[dict[str, Any]], ticket: Ticket, version: int) -> None:
-        await self._queue(
-            rows,
-            ticket,
-            functools.partial(self.mapper.from_snapshot, version=version),
-            functools.partial(self._snapshot_row_at, version=version),
-        )
-
     async def sweep(self, section: str, version: int, *also: int) -> Ticket:
         """Queue the deletes of the documents a snapshot at ``version`` (and,
         resumed, at the earlier ``also``) did not write (rows gone meanwhile),
@@ -76,10 +67,6 @@ class RowFeeder:
             await self.worker.put(self.mapper.delete(partition, key, oldest), ticket)
         ticket.seal()
         return ticket
-
-    def _snapshot_row_at(self, row: dict[str, Any], version: int) -> tuple[dict[str, Any], str, int]:
-        """A snapshot row's primary key, op and version (for the dead letter)."""
-        return {c: row.get(c) for c in self.info.primary_key}, "S", version
 
     async def _queue(
         self,
