@@ -87,7 +87,14 @@ class BulkWriter:
         if unwritable:
             (_, partition), reason = next(iter(unwritable.items()))
             raise CdcError(f"{table}: cannot snapshot into partition {partition!r}: {reason}")
-        head = [table, str(fence), "1" if reset else "0", str(version), timestamp(), str(len(page.columns))]
+        head = [
+            fence_field(table),
+            str(fence),
+            "1" if reset else "0",
+            str(version),
+            timestamp(),
+            str(len(page.columns)),
+        ]
         head += page.columns
         calls: list[tuple[list[str], list[object]]] = []
         order: list[tuple[str, list[tuple[str, list[bytes]]]]] = []
@@ -121,7 +128,7 @@ class BulkWriter:
         )
         keys = [self.layout.seq(partition), self.layout.stream(partition), self.layout.fence(partition)]
         args = [
-            table,
+            fence_field(table),
             str(fence),
             body,
             self.layout.channel(partition, section),
@@ -130,6 +137,13 @@ class BulkWriter:
         ]
         reply = await scripts.run(self.client, scripts.BULK_MARKER, keys, args, self.config.url)
         return int(reply)
+
+
+def fence_field(table: str) -> str:
+    """The table's field in a partition's ``@fence`` hash: its name as JSON text,
+    as apply.lua and the purge write it (docs/REDIS.md). The same field, so that
+    a token an apply wrote fences a bulk writer with a lower one, and back."""
+    return orjson.dumps(table).decode()
 
 
 def _outcome(

@@ -10,7 +10,7 @@ KEYS[1]      ns:{p}:@fence          hash: table -> highest fencing token seen
 KEYS[2]      ns:{p}:@index:section
 KEYS[2+i]    ns:{p}:section:dataKey of row i           (i = 1..N)
 
-ARGV[1] table   ARGV[2] fencing token (decimal; "0": not fenced)
+ARGV[1] table as JSON text (its @fence field, as apply.lua)   ARGV[2] fencing token (decimal; "0": not fenced)
 ARGV[3] reset: "1" writes over any @v (a full snapshot is the truth at its
         version, even over a source that went back in time); "0" leaves a
         document (or tombstone) whose @v is above the version (a partial

@@ -9,7 +9,7 @@ Atomic for the same reason as apply.lua's emit: @seq, the stream entry and
 the message must not interleave with another call, or seq would gap.
 
 KEYS[1] ns:{p}:@seq   KEYS[2] ns:{p}:@stream   KEYS[3] ns:{p}:@fence
-ARGV[1] table   ARGV[2] fencing token ("0": not fenced)
+ARGV[1] table as JSON text (its @fence field, as apply.lua)   ARGV[2] fencing token ("0": not fenced)
 ARGV[3] the message without its seq: the text after '{"seq":N,'
 ARGV[4] channel   ARGV[5] PUBLISH | SPUBLISH   ARGV[6] stream MAXLEN (approximate)
 

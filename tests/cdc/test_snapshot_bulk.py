@@ -98,6 +98,28 @@ async def test_a_fenced_off_writer_writes_nothing(manager: DataManager) -> None:
     assert await manager.client.get(manager.layout.seq(P)) is None
 
 
+async def test_the_bulk_writer_and_the_apply_fence_each_other(manager: DataManager) -> None:
+    """One ``@fence`` field per table for both writers: a sidecar that lost the
+    lease cannot bulk-write over what the new owner applied, nor apply over
+    what the new owner bulk-wrote."""
+    new = Change(TABLE, P, SECTION, "1", "I", 100, {"id": b"1", "qty": b"1", "name": b'"new owner"'}, fence=5)
+    assert (await manager.apply([new])).applied
+    writer = manager.bulk_writer()
+    with pytest.raises(LeaseLost):
+        await writer.write(TABLE, SECTION, page(("1", 50, "old owner")), version=50, reset=True, fence=4)
+    with pytest.raises(LeaseLost):
+        await writer.mark(TABLE, SECTION, P, version=50, fence=4)
+    assert (await fields(manager, "1"))["@v"] == "100"
+
+    await writer.write(TABLE, SECTION, page(("2", 200, "newer owner")), version=200, reset=True, fence=6)
+    old = Change(
+        TABLE, P, SECTION, "2", "U", 300, {"id": b"2", "qty": b"2", "name": b'"older owner"'}, fence=5
+    )
+    assert (await manager.apply([old])).fenced == [old]
+    assert (await fields(manager, "2"))["name"] == '"newer owner"'
+    assert await manager.client.hkeys(manager.layout.fence(P)) == [orjson.dumps(TABLE)]
+
+
 async def test_a_document_key_of_another_type_is_reported_and_the_rest_written(manager: DataManager) -> None:
     await manager.client.set(manager.layout.document(P, SECTION, "2"), "someone else's")
     outcome = await manager.bulk_writer().write(
