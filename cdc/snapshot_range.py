@@ -74,15 +74,21 @@ async def request_range(manager: DataManager, table: str, key_range: KeyRange) -
     )
 
 
-async def take(manager: DataManager, table: str) -> KeyRange | None:
-    """The range requested for ``table``, removed from the hash (None: a whole snapshot)."""
+async def requested(manager: DataManager, table: str) -> tuple[KeyRange | None, bytes | str | None]:
+    """The range requested for ``table`` (None: a whole snapshot), and its stored text."""
     key = manager.layout.checkpoint(table)
     raw = await redis_calls.call(manager.client.hget(key, FIELD), manager.config.url)
     if raw is None:
-        return None
-    await redis_calls.call(manager.client.hdel(key, FIELD), manager.config.url)
+        return None, None
     found = orjson.loads(raw)
-    return KeyRange(found.get("from"), found.get("to"))
+    return KeyRange(found.get("from"), found.get("to")), raw
+
+
+async def forget(manager: DataManager, table: str, raw: bytes | str) -> None:
+    """Remove the request once it is done, unless another one replaced it meanwhile."""
+    key = manager.layout.checkpoint(table)
+    if await redis_calls.call(manager.client.hget(key, FIELD), manager.config.url) == raw:
+        await redis_calls.call(manager.client.hdel(key, FIELD), manager.config.url)
 
 
 class _Tracker(Protocol):
@@ -106,11 +112,15 @@ REQUESTED = "requested by cdc snapshot"  # the reason of a snapshot ``cdc snapsh
 async def due(tracker: _Tracker, reason: str) -> None:
     """The snapshot a tracker owes: of the range ``cdc snapshot`` asked for,
     if it asked for one (and the table streams already), else of the table."""
-    key_range = await take(tracker.manager, tracker.table)
+    key_range, raw = await requested(tracker.manager, tracker.table)
     if key_range is not None and reason == REQUESTED and tracker.position is not None:
         await run_range(tracker, key_range)
     else:
         await tracker.snapshot(reason)
+    # removed once done (a whole snapshot covers the range too): a failure or a crash
+    # in between leaves the request, and the next try runs the range, not the whole table
+    if raw is not None:
+        await forget(tracker.manager, tracker.table, raw)
 
 
 async def run_range(tracker: _Tracker, key_range: KeyRange) -> None:

@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 import redis.asyncio as aioredis
 import sqlglot
 
-from cdc.config import parse_config
+from cdc.config import RedisConfig, parse_config
+from cdc.errors import SourceUnavailable
+from cdc.snapshot_range import REQUESTED, KeyRange, due, request_range, requested
 from cdc.sources import mssql_sql as sql
+from cdc.sources.base import Column, TableInfo
 from publishers.layout import Layout
+from publishers.manager import DataManager
 from tests.e2e import cdc, config_text, create_tables, enable_tracking
 
 
@@ -106,3 +111,48 @@ def test_the_t_sql_page_of_a_range_parses_and_bounds_both_ends() -> None:
     assert "(t.[Order] < CAST(? AS int) OR (t.[Order] = CAST(? AS int) AND" in first.sql
     assert first.params == (100, "5", "5", "1", "9", "9", "3")
     assert "t.[Line] > CAST(? AS int)" in later.sql and ">=" not in later.sql
+
+
+class _FailingRangeTracker:
+    """A tracker whose range snapshot fails part-way (the source lost, a crash)."""
+
+    def __init__(self, manager: DataManager, table: str) -> None:
+        self.manager, self.table, self.position = manager, table, 1
+        self.loader = self
+        self.feeder: Any = None
+        self.whole: list[str] = []
+
+    @property
+    def info(self) -> TableInfo:
+        schema, name = self.table.split(".")
+        return TableInfo(self.table, schema, name, ("id",), (Column("id", "integer"),))
+
+    async def load_range(self, *args: Any) -> int:
+        raise SourceUnavailable("the source went away")
+
+    async def snapshot(self, reason: str) -> None:
+        self.whole.append(reason)
+
+
+async def test_a_range_that_fails_is_still_requested_and_runs_as_a_range_next_time(
+    redis_config: RedisConfig,
+) -> None:
+    manager = await DataManager.connect(redis_config)
+    try:
+        tracker = _FailingRangeTracker(manager, "shop.orders")
+        await request_range(manager, tracker.table, KeyRange("10", "20"))
+        with pytest.raises(SourceUnavailable):
+            await due(tracker, REQUESTED)  # type: ignore[arg-type]
+        assert (await requested(manager, tracker.table))[0] == KeyRange("10", "20")
+        assert tracker.whole == []  # never turned into a whole snapshot
+
+        tracker.loader = _Done()  # type: ignore[assignment]
+        await due(tracker, REQUESTED)  # type: ignore[arg-type]
+        assert await requested(manager, tracker.table) == (None, None)
+    finally:
+        await manager.close()
+
+
+class _Done:
+    async def load_range(self, *args: Any) -> int:
+        return 0
