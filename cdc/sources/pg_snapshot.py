@@ -18,7 +18,8 @@ the type zoo.
 - text, varchar: ``to_json`` escapes ``"``, ``\\``, and control characters
   (``\\b \\f \\n \\r \\t``, others ``\\u00xx``), as orjson does; only in a UTF8
   database (a SQL_ASCII one may hold bytes that are no UTF-8);
-- jsonb: its output text (what the json loader passes through);
+- jsonb: its output text (what the json loader passes through), in a UTF8
+  database only (as text);
 - numeric: its text as a JSON string (``"12.50"``, ``"NaN"``, ``"Infinity"``:
   what ``cdc.values`` writes of the Decimal read from that text);
 - uuid: the lowercase text as a JSON string.
@@ -38,7 +39,11 @@ from cdc.sources.base import ENCODED_SEPARATOR, Column, SnapshotPage, TableInfo
 from cdc.sources.pg_catalog import Connection
 
 SEPARATOR = ENCODED_SEPARATOR
-_OUTPUT = {"smallint", "integer", "bigint", "jsonb"}  # the type's output text is its JSON text
+_OUTPUT = {"smallint", "integer", "bigint"}  # the type's output text is its JSON text
+# jsonb's output text is its JSON text too, but only in a UTF8 database: a SQL_ASCII one
+# may hold bytes that are no UTF-8 in a jsonb string, and the row's whole text would then
+# be unreadable, where the Python path dead-letters that one row naming the column.
+_OUTPUT_UTF8 = {"jsonb"}
 _QUOTED = {"uuid"}  # its output text, quoted: nothing in it needs escaping
 _TEXT = {"text"}
 _NUMERIC = re.compile(r"^numeric(\(\d+(,\s*\d+)?\))?$")
@@ -54,7 +59,7 @@ def json_expression(column: Column, *, utf8: bool) -> sql.Composable | None:
     columns of 200,000 rows, same session)."""
     name = sql.Identifier(column.name)
     kind = column.type_name
-    if kind in _OUTPUT:
+    if kind in _OUTPUT or (utf8 and kind in _OUTPUT_UTF8):
         text: sql.Composable = sql.SQL("{}::text").format(name)
     elif kind == "boolean":
         text = sql.SQL("case when {0} then 'true' when not {0} then 'false' end").format(name)

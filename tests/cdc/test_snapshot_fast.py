@@ -27,7 +27,8 @@ from cdc.errors import SourceUnavailable
 from cdc.mapping import TableMapper
 from cdc.snapshot_pages import map_page
 from cdc.sources import make_source
-from cdc.sources.base import ChangeSource, SnapshotPage, TableInfo
+from cdc.sources.base import ChangeSource, Column, SnapshotPage, TableInfo
+from cdc.sources.pg_snapshot import json_expression
 from tests.cdc.pg_type_zoo import SETUP, ZOO, quoted
 from tests.e2e import assert_mirrored, assert_seq_gap_free, create_tables, enable_tracking, make_config
 
@@ -232,3 +233,13 @@ async def test_a_row_whose_partition_renders_empty_goes_to_the_dead_letter_and_t
         ]
     finally:
         await client.aclose()
+
+
+def test_only_a_utf8_database_writes_text_and_jsonb_as_json_itself() -> None:
+    """A SQL_ASCII database may hold bytes that are no UTF-8 in a text or a jsonb
+    string: the whole row's text would be unreadable, so those columns are left to
+    the Python path, which dead-letters that one row naming the column."""
+    for type_name in ("jsonb", "text", "character varying(20)"):
+        assert json_expression(Column("c", type_name), utf8=False) is None
+        assert json_expression(Column("c", type_name), utf8=True) is not None
+    assert json_expression(Column("c", "bigint"), utf8=False) is not None
