@@ -134,10 +134,10 @@ class Subscriber:
         if self._client is None and self._config is not None:
             self._client = await connection.connect(self._config)
         await self._load()
-        self._started = True
         self.position = self.seq
         if self.from_seq is not None and self.from_seq <= self.seq:
             await self._start_from_history(max(1, self.from_seq))
+        self._started = True  # not before: a transient error above makes the next call start again
 
     async def aclose(self) -> None:
         """Close the client if the subscriber made it from a config."""

@@ -372,3 +372,27 @@ async def test_a_replaced_partition_reload_that_fails_is_done_at_the_next_poll(
     await subscriber.poll(block=0.2)
     assert subscriber.reloads == 1
     assert replica(subscriber) == await in_redis(manager)
+
+
+async def test_a_start_from_history_that_fails_starts_again(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    for v in (10, 20):
+        await manager.apply(batch(v))
+    subscriber = Subscriber(manager.client, redis_config.namespace, P, from_seq=2)
+    real_start_from_history = subscriber._start_from_history
+    failed: list[int] = []
+
+    async def start_from_history_failing_once(from_seq: int) -> None:
+        if not failed:
+            failed.append(from_seq)
+            raise RedisUnavailable("Redis timed out reading the history (injected)")
+        await real_start_from_history(from_seq)
+
+    subscriber._start_from_history = start_from_history_failing_once  # type: ignore[method-assign]
+    with pytest.raises(RedisUnavailable):
+        await subscriber.start()
+    delivered = await subscriber.poll(block=0.2)  # starts again, from the history
+    delivered += await catch_up(subscriber, manager)
+    assert failed == [2] and [m["seq"] for m in delivered] == list(range(2, subscriber.seq + 1))
+    assert replica(subscriber) == await in_redis(manager)
