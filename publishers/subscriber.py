@@ -23,7 +23,9 @@ How it stays exact (DESIGN.md §5):
    replica is loaded again instead.
 6. *Outages*: ``async for`` keeps following across transient Redis errors
    (a restart, a failover), retrying with a capped backoff; ``poll()`` raises
-   them to callers that want to decide themselves.
+   them to callers that want to decide themselves. A reload that such an
+   error interrupted is done first thing at the next poll, before reading on
+   (the message that called for it is delivered then), so it is never lost.
 
 ``from_seq`` replays history first: messages from that seq on are yielded,
 and only those newer than the loaded state are applied to the replica.
@@ -62,8 +64,9 @@ from publishers.settings import RedisConfig
 RETRY_WAIT = equal_jitter(0.1, 2.0)  # between attempts while Redis is unavailable: 0.05-0.1 s ... 1-2 s
 
 
-# What a message needs after it is taken (Subscriber._step).
-_NO_RELOAD, _MARKER, _MISFIT = "none", "marker", "misfit"
+# What a message needs after it is taken (Subscriber._step), and the reload
+# of a gap (entries gone from the stream, or the partition's data replaced).
+_NO_RELOAD, _MARKER, _MISFIT, _GAP = "none", "marker", "misfit", "gap"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +115,9 @@ class Subscriber:
         self._last: bytes | None = None  # the message at ``position``, when known
         self.reloads = 0
         self.snapshot_reloads = 0  # reloads at R messages (a bulk snapshot)
+        # a reload a transient error interrupted, and the message to deliver
+        # after it: done first at the next poll, as what is read then may not call for it
+        self._pending: tuple[str, Entry | None] | None = None
         self._started = False
         self._stream = self.layout.stream(partition)
 
@@ -128,10 +134,10 @@ class Subscriber:
         if self._client is None and self._config is not None:
             self._client = await connection.connect(self._config)
         await self._load()
-        self._started = True
         self.position = self.seq
         if self.from_seq is not None and self.from_seq <= self.seq:
             await self._start_from_history(max(1, self.from_seq))
+        self._started = True  # not before: a transient error above makes the next call start again
 
     async def aclose(self) -> None:
         """Close the client if the subscriber made it from a config."""
@@ -175,14 +181,15 @@ class Subscriber:
     async def poll_entries(self, block: float | None = None) -> list[Entry]:
         """``poll()`` as ``Entry``: with each message's text as stored."""
         await self.start()
+        if self._pending is not None:
+            return await self._reload_then(*self._pending)
         block_ms = self.block_ms if block is None else max(1, round(block * 1000))
         reply = await self._redis(
             self.client.xread({self._stream: f"{self.position}-0"}, count=self.count, block=block_ms),
             grace=block_ms / 1000 + redis_calls.SOCKET_TIMEOUT,
         )
         if not await self._same_stream():
-            await self._reload(fell_off=True)  # what was read belongs to the new data, if anything
-            return []
+            return await self._reload_then(_GAP, None)  # what was read belongs to the new data, if anything
         return await self._take_all(_entries(reply))
 
     async def _same_stream(self) -> bool:
@@ -213,15 +220,14 @@ class Subscriber:
                     try:
                         missing = await self._fill(self.position + 1, seq - 1)
                     except _Inconsistent:
-                        await self._reload(fell_off=True)
-                        return out
+                        return out + await self._reload_then(_GAP, None)
                     for entry in missing:
                         out += await self._take(*entry)
                 # _take inline: no coroutine a message (the reload, rare, is the only await)
                 taken, reload = self._step(seq, raw)
                 if reload is not _NO_RELOAD:
-                    await self._reload(fell_off=False, marker=reload is _MARKER)
-                if taken is not None:
+                    out += await self._reload_then(reload, taken)
+                elif taken is not None:
                     out.append(taken)
         except TransientError:
             if not out:
@@ -241,7 +247,7 @@ class Subscriber:
         """Apply one message (if newer than the replica) and say whether to deliver it."""
         taken, reload = self._step(seq, raw)
         if reload is not _NO_RELOAD:
-            await self._reload(fell_off=False, marker=reload is _MARKER)
+            return await self._reload_then(reload, taken)
         return [] if taken is None else [taken]
 
     def _step(self, seq: int, raw: bytes) -> tuple[Entry | None, str]:
@@ -289,25 +295,31 @@ class Subscriber:
 
     # -- loading -----------------------------------------------------------
 
-    async def _reload(self, *, fell_off: bool, marker: bool = False) -> None:
-        """Load the documents again. After a gap the lost messages are skipped
-        (position = the new seq); after a patch that did not fit (or an ``R``
-        message: ``marker``), reading goes on from where it was, delivering
-        without applying up to the new seq. ``reloads`` counts the reloads
-        nothing announced (a gap, a patch that did not fit, replaced data);
-        ``snapshot_reloads`` those of ``R`` messages; ``on_reload`` hears both."""
+    async def _reload_then(self, kind: str, entry: Entry | None) -> list[Entry]:
+        """Load the documents again, then deliver ``entry`` (the message that
+        called for it, if any). After a gap (``_GAP``) the lost messages are
+        skipped (position = the new seq); after a patch that did not fit
+        (``_MISFIT``) or an ``R`` message (``_MARKER``), reading goes on from
+        where it was, delivering without applying up to the new seq. Until the
+        load succeeds the reload is pending (a transient error leaves it to the
+        next poll). ``reloads`` counts the reloads nothing announced (a gap, a
+        patch that did not fit, replaced data); ``snapshot_reloads`` those of
+        ``R`` messages; ``on_reload`` hears both, once each."""
+        self._pending = (kind, entry)
         last = self._last
         await self._load()
-        if fell_off or self.position > self.seq:
+        self._pending = None
+        if kind == _GAP or self.position > self.seq:
             self.position = self.seq
         else:
             self._last = last  # reading goes on from where it was
-        if marker:
+        if kind == _MARKER:
             self.snapshot_reloads += 1
         else:
             self.reloads += 1
         if self.on_reload is not None:
             self.on_reload(self.seq)
+        return [] if entry is None else [entry]
 
     async def _load(self) -> None:
         """Seq and documents in one atomic read (``replica_load``)."""

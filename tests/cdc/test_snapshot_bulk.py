@@ -18,7 +18,7 @@ import pytest
 
 from cdc.config import RedisConfig
 from publishers.bulk import MARKER_PATCH, BulkWriter, PageRows
-from publishers.errors import CdcError, LeaseLost
+from publishers.errors import CdcError, LeaseLost, RedisUnavailable
 from publishers.manager import DataManager
 from publishers.messages import message_schema
 from publishers.model import Change
@@ -200,3 +200,42 @@ async def test_a_page_spanning_partitions_writes_each_in_its_slot(manager: DataM
     assert outcome.written == 5
     assert await manager.client.smembers(manager.layout.index("q0", SECTION)) == {b"0", b"2", b"4"}
     assert await manager.client.smembers(manager.layout.index("q1", SECTION)) == {b"1", b"3"}
+
+
+@pytest.mark.parametrize("before", [0, 1], ids=["marker first", "after a change"])
+async def test_a_marker_reload_that_fails_is_done_at_the_next_poll(
+    manager: DataManager, redis_config: RedisConfig, before: int
+) -> None:
+    """A Redis timeout while loading the documents a bulk snapshot wrote (a
+    large load, right after a big snapshot) must not lose the reload: the
+    next poll loads them, then delivers the marker, once."""
+    await manager.apply([Change(TABLE, P, SECTION, "9", "I", 2, {"id": b"9", "qty": b"9", "name": b'"x"'})])
+    subscriber = Subscriber(manager.client, redis_config.namespace, P)
+    await subscriber.start()
+    if before:
+        await manager.apply(
+            [Change(TABLE, P, SECTION, "9", "U", 3, {"id": b"9", "qty": b"8", "name": b'"x"'})]
+        )
+    writer = manager.bulk_writer()
+    await writer.write(TABLE, SECTION, page(("1", 10, "a"), ("2", 20, "b")), version=7, reset=True, fence=0)
+    seq = await writer.mark(TABLE, SECTION, P, version=7, fence=0)
+    real_load, failed = subscriber._load, list[int]()
+
+    async def load_failing_once() -> None:
+        if not failed:
+            failed.append(subscriber.seq)
+            raise RedisUnavailable("Redis timed out during the load (injected)")
+        await real_load()
+
+    subscriber._load = load_failing_once  # type: ignore[method-assign]
+    if before:  # what was taken before the marker is delivered, the error kept for later
+        assert [m["op"] for m in await subscriber.poll(block=0.2)] == ["U"]
+    else:
+        with pytest.raises(RedisUnavailable):
+            await subscriber.poll(block=0.2)
+    assert failed and subscriber.snapshot_reloads == 0
+    delivered = await subscriber.poll(block=0.2)
+    assert [(m["op"], m["seq"]) for m in delivered] == [("R", seq)]
+    assert (subscriber.snapshot_reloads, subscriber.reloads) == (1, 0)
+    assert subscriber.replica[SECTION] == await manager.documents(P, SECTION)
+    assert set(subscriber.replica[SECTION]) == {"1", "2", "9"}

@@ -16,6 +16,7 @@ import pytest
 
 from cdc.config import RedisConfig
 from publishers.connection import close_client, connect
+from publishers.errors import RedisUnavailable
 from publishers.manager import DataManager
 from publishers.messages import message_schema
 from publishers.model import Change
@@ -296,3 +297,102 @@ async def test_an_update_of_a_member_the_replica_lacks_reloads(
     await catch_up(subscriber, manager)
     assert subscriber.reloads == 1
     assert replica(subscriber) == await in_redis(manager) == {"alpha": {"1": {"Price": "2", "Qty": "3"}}}
+
+
+def fail_the_next_load(subscriber: Subscriber) -> list[int]:
+    """Make the subscriber's next load raise as a Redis timeout would (once);
+    the list records the seq the replica was at when it failed."""
+    real_load = subscriber._load
+    failed: list[int] = []
+
+    async def load_failing_once() -> None:
+        if not failed:
+            failed.append(subscriber.seq)
+            raise RedisUnavailable("Redis timed out during the load (injected)")
+        await real_load()
+
+    subscriber._load = load_failing_once  # type: ignore[method-assign]
+    return failed
+
+
+async def test_a_misfit_reload_that_fails_is_done_at_the_next_poll(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    await manager.apply([change("alpha", "1", 1, "I", Price="1")])
+    subscriber = Subscriber(manager.client, redis_config.namespace, P)
+    await subscriber.start()
+    del subscriber.replica["alpha"]["1"]  # the replica lost a document somehow
+    await manager.apply([change("alpha", "1", 2, "U", Price="2")])
+    failed = fail_the_next_load(subscriber)
+    with pytest.raises(RedisUnavailable):
+        await subscriber.poll(block=0.2)
+    assert failed and subscriber.reloads == 0
+    delivered = await subscriber.poll(block=0.2)
+    assert [m["seq"] for m in delivered] == [2]  # the message that did not fit, once, after the reload
+    assert subscriber.reloads == 1
+    assert replica(subscriber) == await in_redis(manager) == {"alpha": {"1": {"Price": "2"}}}
+
+
+async def test_a_gap_reload_that_fails_is_done_at_the_next_poll(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    await manager.apply(batch(10))
+    subscriber = Subscriber(manager.client, redis_config.namespace, P)
+    await subscriber.start()
+    for v in (20, 30, 40):
+        await manager.apply(batch(v))
+    await manager.client.xtrim(manager.layout.stream(P), maxlen=2, approximate=False)
+    failed = fail_the_next_load(subscriber)
+    with pytest.raises(RedisUnavailable):
+        await subscriber.poll(block=0.2)
+    assert failed and subscriber.reloads == 0
+    await catch_up(subscriber, manager)
+    assert subscriber.reloads == 1
+    assert replica(subscriber) == await in_redis(manager)
+
+
+async def test_a_replaced_partition_reload_that_fails_is_done_at_the_next_poll(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    """The reload is not left to being detected again: by the next poll the new
+    data's stream may have been trimmed past the old position, and reading on
+    from there would apply the new data's patches to the old replica."""
+    await manager.apply([change("alpha", "old only", 1, "I", Price="1"), *batch(10)])
+    subscriber = Subscriber(manager.client, redis_config.namespace, P)
+    await subscriber.start()
+    position = subscriber.position
+    async for key in manager.client.scan_iter(match=f"{redis_config.namespace}:*"):
+        await manager.client.delete(key)  # Redis restarted empty
+    await manager.apply(batch(30) + batch(40))  # seq 1..10: past the old position
+    failed = fail_the_next_load(subscriber)
+    with pytest.raises(RedisUnavailable):
+        await subscriber.poll(block=0.2)
+    assert failed and subscriber.reloads == 0
+    await manager.client.xtrim(manager.layout.stream(P), minid=f"{position + 1}-0", approximate=False)
+    await subscriber.poll(block=0.2)
+    assert subscriber.reloads == 1
+    assert replica(subscriber) == await in_redis(manager)
+
+
+async def test_a_start_from_history_that_fails_starts_again(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    for v in (10, 20):
+        await manager.apply(batch(v))
+    subscriber = Subscriber(manager.client, redis_config.namespace, P, from_seq=2)
+    real_start_from_history = subscriber._start_from_history
+    failed: list[int] = []
+
+    async def start_from_history_failing_once(from_seq: int) -> None:
+        if not failed:
+            failed.append(from_seq)
+            raise RedisUnavailable("Redis timed out reading the history (injected)")
+        await real_start_from_history(from_seq)
+
+    subscriber._start_from_history = start_from_history_failing_once  # type: ignore[method-assign]
+    with pytest.raises(RedisUnavailable):
+        await subscriber.start()
+    delivered = await subscriber.poll(block=0.2)  # starts again, from the history
+    delivered += await catch_up(subscriber, manager)
+    assert failed == [2] and [m["seq"] for m in delivered] == list(range(2, subscriber.seq + 1))
+    assert replica(subscriber) == await in_redis(manager)
