@@ -36,11 +36,11 @@ from publishers.manager import DataManager
 TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*")
 SECTION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 PROGRESS_EVERY = 2.0  # seconds between progress lines
-LISTED = 10
+LISTED = 10  # partitions named in the dry run's list before "and N more"
 # The purge deletes each tombstone its deletes leave right after them; one that
 # a purge killed in between leaves (up to a page) expires this soon instead of
 # after redis.tombstone_ttl: nothing will write the table to need it.
-TOMBSTONE_TTL = 60.0  # partitions named in the dry run's list before "and N more"
+TOMBSTONE_TTL = 60.0
 
 
 def registered(config: Config, name: str) -> TableConfig | None:
@@ -114,7 +114,7 @@ async def _old_section(config: Config, manager: DataManager, plan: purge.Plan, d
     (checkpoint, lease, dead letters, its fields in the partitions' fences).
     No sidecar writes that section any more, so no lease is needed: the
     deletes go unfenced (token 0)."""
-    plan.checkpoint, plan.lease, plan.fence_counter, plan.dead_letters = {}, False, False, 0
+    plan.checkpoint, plan.lease, plan.dead_letters = {}, False, 0
     if dry_run:
         _print_plan(config, plan, True)
         return 0
@@ -192,7 +192,7 @@ async def _run(config: Config, manager: DataManager, plan: purge.Plan) -> None:
             manager.client.delete(manager.layout.checkpoint(plan.table)), manager.config.url
         )
         deleted = await _documents(manager, leases, plan, token, config.worker.lease_ttl)
-        dead = await purge.drop_table_keys(manager, plan.table)
+        dead = await purge.drop_table_keys(manager, plan.table, token)
     finally:
         await leases.release(plan.table)
     shared = sum(1 for p in plan.partitions if p.shared_with)
@@ -200,7 +200,7 @@ async def _run(config: Config, manager: DataManager, plan: purge.Plan) -> None:
         f"purged {plan.table}: {deleted} document(s) deleted (each published as a delete), "
         f"{len(plan.partitions)} partition(s) of section {plan.section or '-'} "
         f"({shared} shared with other sections kept their @seq and @stream), checkpoint, lease, "
-        f"{dead} dead letter(s)"
+        f"{dead} dead letter(s); its fencing counter stays"
     )
 
 
@@ -306,8 +306,8 @@ def _print_plan(config: Config, plan: purge.Plan, is_registered: bool) -> None:
         _say(
             f"  checkpoint {config.redis.namespace}:@checkpoint:{plan.table} (version {plan.checkpoint.get('version', '?')}, {plan.checkpoint.get('state', '?')})"
         )
-    if plan.lease or plan.fence_counter:
-        _say("  the table's lease and fencing counter")
+    if plan.lease:
+        _say("  the table's lease")
     if plan.dead_letters:
         _say(f"  {plan.dead_letters} dead letter(s)")
 

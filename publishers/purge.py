@@ -8,8 +8,17 @@ A table owns, in a namespace (``publishers.layout``):
   ``ns:{p}:@seq``, ``ns:{p}:@stream`` and ``ns:{p}:@fence``;
 - the section's set of partitions ``ns:@partitions:section``;
 - its checkpoint ``ns:@checkpoint:table`` (with the stored shape), its lease
-  ``ns:@lease:{table}`` and fencing counter ``ns:@fence:{table}``, and its
-  entries in the dead letter ``ns:@deadletter``.
+  ``ns:@lease:{table}`` and its entries in the dead letter ``ns:@deadletter``.
+
+Two things of the table stay, for fencing: its token counter
+``ns:@fence:{table}`` (a sidecar that takes the table again, re-added, gets a
+token above every earlier one, the purge's included), and its field in the
+``@fence`` of each partition another section keeps, raised to the purge's
+token (a sidecar that lost the table before the purge stays fenced out of
+those partitions). The purge leaves ``ns:@purged:{table}``, its token, so
+that those fields no longer name the table as a writer of the other sections
+(``writers_of``): a later ``cdc purge`` of the table must not take another
+section for its own.
 
 The documents go through the apply script as deletes (``D``), so that every
 subscriber of the section is told the way it is told of any delete: one
@@ -30,7 +39,7 @@ from typing import Any
 
 import orjson
 
-from publishers import deadletters, redis_calls
+from publishers import deadletters, redis_calls, scripts
 from publishers.errors import CdcError, LeaseLost
 from publishers.manager import DataManager
 from publishers.model import ApplyResult, Change
@@ -58,7 +67,6 @@ class Plan:
     partitions: list[PartitionPlan] = field(default_factory=list)
     checkpoint: dict[str, str] = field(default_factory=dict)  # its fields; empty: none
     lease: bool = False  # ns:@lease:{table} exists
-    fence_counter: bool = False  # ns:@fence:{table} exists
     dead_letters: int = 0
 
     @property
@@ -67,10 +75,8 @@ class Plan:
 
     @property
     def empty(self) -> bool:
-        """Nothing of the table is left in Redis."""
-        return not (
-            self.partitions or self.checkpoint or self.lease or self.fence_counter or self.dead_letters
-        )
+        """Nothing of the table is left in Redis (but what a purge keeps for fencing)."""
+        return not (self.partitions or self.checkpoint or self.lease or self.dead_letters)
 
 
 # -- finding what the table left ----------------------------------------------
@@ -116,14 +122,34 @@ async def _pipelined(
 async def writers_of(manager: DataManager, section: str) -> set[str]:
     """The tables that wrote a few partitions of ``section`` (their fields in
     the partitions' ``@fence``): a sidecar writes every change under its
-    table's lease token, so the table of a section is among these."""
+    table's lease token, so the table of a section is among these. A field a
+    purge left (its token at or below the table's ``@purged``) is no write."""
     layout, url = manager.layout, manager.config.url
     members = await redis_calls.call(manager.client.srandmember(layout.partitions(section), SAMPLE), url)
-    found: set[str] = set()
+    tokens: dict[str, int] = {}  # table -> the highest token seen in the sample
     for raw in members or ():
-        fields = await redis_calls.call(manager.client.hkeys(layout.fence(redis_calls.text(raw))), url)
-        found.update(_table_of(redis_calls.text(f)) for f in fields)
-    return found
+        fields = await redis_calls.call(manager.client.hgetall(layout.fence(redis_calls.text(raw))), url)
+        for name, token in fields.items():
+            table = _table_of(redis_calls.text(name))
+            tokens[table] = max(tokens.get(table, 0), _int(token))
+    return {table for table, token in tokens.items() if token > await purged_token(manager, table)}
+
+
+def purged_key(manager: DataManager, table: str) -> str:
+    """``ns:@purged:{table}``: the token of the table's last finished purge
+    (hash tag: the slot of its lease and counter)."""
+    return f"{manager.layout.namespace}:@purged:{{{table}}}"
+
+
+async def purged_token(manager: DataManager, table: str) -> int:
+    """The token of the table's last finished purge; 0: never purged."""
+    raw = await redis_calls.call(manager.client.get(purged_key(manager, table)), manager.config.url)
+    return _int(raw)
+
+
+def _int(raw: object) -> int:
+    text = redis_calls.text(raw) if raw is not None else ""
+    return int(text) if text.isdecimal() else 0
 
 
 def _fence_field(table: str) -> str:
@@ -171,7 +197,6 @@ async def plan(
     raw = await redis_calls.call(client.hgetall(layout.checkpoint(table)), url)
     result.checkpoint = {redis_calls.text(k): redis_calls.text(v) for k, v in raw.items()}
     result.lease = bool(await redis_calls.call(client.exists(layout.lease(table)), url))
-    result.fence_counter = bool(await redis_calls.call(client.exists(layout.lease_fence(table)), url))
     result.dead_letters = (await deadletters.counts(manager)).get(table, 0)
     return result
 
@@ -220,24 +245,45 @@ class Deleter:
         """Delete the partition's documents, then its keys, then its entry in
         the section's set (so a second run finds what is left)."""
         index = self.manager.layout.index(part.partition, self.section)
-        while await redis_calls.call(self.manager.client.scard(index), self.manager.config.url):
-            cursor = 0
-            while True:
-                cursor, keys = await redis_calls.call(
-                    self.manager.client.sscan(index, cursor, count=PAGE), self.manager.config.url
+        left = await self._card(index)
+        while left:
+            await self._pass(part.partition, index, progress)
+            now = await self._card(index)
+            if now >= left:  # each pass removes every member it saw: only a writer adds more
+                raise CdcError(
+                    f"{self.table}: {index} still holds {now} member(s) after the purge went through it "
+                    f"(it held {left}): something still writes section {self.section!r}. Stop it, then "
+                    "run cdc purge again"
                 )
-                if keys:
-                    await self._page(part.partition, [redis_calls.text(k) for k in keys])
-                    progress()
-                await self.keep_lease()
-                if int(cursor) == 0:
-                    break
+            left = now
         await self._drop_keys(part)
+
+    async def _card(self, index: str) -> int:
+        return int(await redis_calls.call(self.manager.client.scard(index), self.manager.config.url))
+
+    async def _pass(self, partition: str, index: str, progress: Callable[[], None]) -> None:
+        """One SSCAN of the index, a page at a time (SSCAN returns every
+        member present from its start to its end at least once)."""
+        cursor = 0
+        while True:
+            cursor, keys = await redis_calls.call(
+                self.manager.client.sscan(index, cursor, count=PAGE), self.manager.config.url
+            )
+            if keys:
+                await self._page(partition, [redis_calls.text(k) for k in keys])
+                progress()
+            await self.keep_lease()
+            if int(cursor) == 0:
+                return
 
     async def _page(self, partition: str, keys: list[str]) -> None:
         """One page: a delete change per document, each carrying the highest of
         the document's ``@v`` and the checkpoint (reset: applied whatever
-        ``@v`` holds), then the tombstones the deletes left."""
+        ``@v`` holds), then the tombstones the deletes left, then every key of
+        the page from the index. The apply removes from the index only the
+        documents it deleted: a member whose document is absent (a manual DEL)
+        or a tombstone (a damaged index) is told nothing (there is nothing
+        to delete) and would otherwise stay in the index for ever."""
         layout, client = self.manager.layout, self.manager.client
         docs = [layout.document(partition, self.section, key) for key in keys]
         versions = await _pipelined(self.manager, docs, lambda pipe, doc: pipe.hget(doc, "@v"))
@@ -249,13 +295,13 @@ class Deleter:
         self._check(partition, result)
         self.deleted += result.published
         # a tombstone guards a key against an older change replayed later; nobody writes this
-        # table any more, and a rejected change (a key of another type) goes with the rest
+        # table any more, and a rejected change (a key of another type) goes with the rest.
+        # Every document of the page is gone now: so goes every key of the page from the index
+        # (a purge killed between the two finds them again, absent: told nothing twice)
         await redis_calls.call(client.delete(*docs), self.manager.config.url)
-        rejected = [r.change.key for r in result.rejected]
-        if rejected:
-            await redis_calls.call(
-                client.srem(layout.index(partition, self.section), *rejected), self.manager.config.url
-            )
+        await redis_calls.call(
+            client.srem(layout.index(partition, self.section), *keys), self.manager.config.url
+        )
 
     def _version(self, stored: object) -> int:
         text = redis_calls.text(stored) if stored is not None else ""
@@ -263,34 +309,53 @@ class Deleter:
 
     def _check(self, partition: str, result: ApplyResult) -> None:
         if result.fenced:
-            raise LeaseLost(
-                f"{self.table}: another process took the table's lease during the purge "
-                f"(partition {partition!r}): run cdc purge again once it has stopped"
-            )
+            raise self._lost(partition)
         if result.blocked:
             raise CdcError(
                 f"{self.table}: cannot delete the documents of partition {partition!r}: "
                 f"{result.blocked[0].reason}. Repair the key (docs/REDIS.md), then run cdc purge again"
             )
 
+    def _lost(self, partition: str) -> LeaseLost:
+        return LeaseLost(
+            f"{self.table}: another process took the table's lease during the purge "
+            f"(partition {partition!r}): run cdc purge again once it has stopped"
+        )
+
     async def _drop_keys(self, part: PartitionPlan) -> None:
-        """The partition's field in ``@fence``; its ``@seq``, ``@stream`` and
-        ``@fence`` when no other section writes it (one slot: one DEL); then
-        the partition leaves the section's set."""
+        """The partition's ``@seq``, ``@stream`` and ``@fence`` when no other
+        section writes it (one slot: one DEL); else the table's field in its
+        ``@fence`` raised to the purge's token; then the partition leaves the
+        section's set.
+
+        The field stays (it was deleted once): with it gone, a sidecar that
+        lost the table before the purge would find no token there and be let
+        in. A partition that goes takes its ``@fence`` along: a zombie's write
+        there is not fenced, but the counter survives, so whoever takes the
+        table next fences the zombie out on its first write."""
         layout, client, url = self.manager.layout, self.manager.client, self.manager.config.url
         p = part.partition
-        if not self.keep_fence:
-            await redis_calls.call(client.hdel(layout.fence(p), _fence_field(self.table)), url)
         if not part.shared_with:
             await redis_calls.call(client.delete(layout.seq(p), layout.stream(p), layout.fence(p)), url)
+        elif self.token and not self.keep_fence:
+            await self._raise_fence(p)
         await redis_calls.call(client.srem(layout.partitions(self.section), p), url)
 
+    async def _raise_fence(self, partition: str) -> None:
+        keys, args = [self.manager.layout.fence(partition)], [_fence_field(self.table), str(self.token)]
+        try:
+            await scripts.run(self.manager.client, scripts.FENCE_RAISE, keys, args, self.manager.config.url)
+        except LeaseLost:
+            raise self._lost(partition) from None
 
-async def drop_table_keys(manager: DataManager, table: str) -> int:
-    """The table's dead letters and fencing counter (its checkpoint goes
-    first, its lease last: the caller's); how many dead letters went."""
+
+async def drop_table_keys(manager: DataManager, table: str, token: int) -> int:
+    """The table's dead letters (its checkpoint goes first, its lease last:
+    the caller's), then ``@purged`` set to the purge's ``token``: every
+    partition is done; how many dead letters went. The fencing counter
+    stays (the module's docstring)."""
     removed = await deadletters.purge(manager, table)
-    await redis_calls.call(manager.client.delete(manager.layout.lease_fence(table)), manager.config.url)
+    await redis_calls.call(manager.client.set(purged_key(manager, table), str(token)), manager.config.url)
     return removed
 
 

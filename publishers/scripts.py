@@ -61,6 +61,7 @@ LEASE_RENEW = _read("lease_renew")
 LEASE_RELEASE = _read("lease_release")
 BULK_LOAD = _read("bulk_load")
 BULK_MARKER = _read("bulk_marker")
+FENCE_RAISE = _read("fence_raise")
 
 REGISTRY: dict[str, Script] = {
     script.name: script
@@ -76,6 +77,7 @@ REGISTRY: dict[str, Script] = {
         LEASE_RELEASE,
         BULK_LOAD,
         BULK_MARKER,
+        FENCE_RAISE,
     )
 }
 
