@@ -57,13 +57,14 @@ class RowFeeder:
         await self._queue(rows, ticket, self.mapper.from_row, lambda row: (row.key, row.op, row.version))
 
     async def sweep(self, section: str, version: int, *also: int) -> Ticket:
-        """Queue the deletes of the documents a snapshot at ``version`` (and,
-        resumed, at the earlier ``also``) did not write (rows gone meanwhile),
-        at the oldest of them, so that any change after it still applies;
-        return their sealed ticket."""
+        """Queue the deletes of the live documents the whole snapshot at
+        ``version`` (and, resumed, at the earlier ``also``) did not write (rows
+        gone meanwhile; told by key, its ``@seen`` sets), at the oldest of
+        those versions, so that any change after it still applies; return
+        their sealed ticket."""
         oldest = min((version, *also))
         ticket = Ticket(version=oldest)
-        async for partition, key in self.manager.stale_keys(section, version, *also):
+        async for partition, key in self.manager.stale_keys(section):
             await self.worker.put(self.mapper.delete(partition, key, oldest), ticket)
         ticket.seal()
         return ticket

@@ -77,11 +77,15 @@ class SnapshotLoader:
         """Load the table and sweep; return the version changes are read from
         next (the first view's, when the snapshot was resumed)."""
         self.progress = SnapshotProgress()
+        section = self.table_config.section
         resume = await self.resumes.take(shape, self.source, info)
-        sweep = resume.sweep if resume else bool(await self.manager.partitions(self.table_config.section))
+        if resume is None:  # starting over: what an abandoned attempt wrote is no evidence
+            await self.manager.forget_seen(section)
+        sweep = resume.sweep if resume else bool(await self.manager.partitions(section))
         views = await self._load(info, feeder, resume, shape, sweep)
         if sweep and "D" in self.table_config.operations:
-            await self.line.wait_applied(await feeder.sweep(self.table_config.section, *views))
+            await self.line.wait_applied(await feeder.sweep(section, *views))
+        await self.manager.forget_seen(section)
         await self.resumes.clear()
         return min(views)
 

@@ -100,7 +100,11 @@ class BulkWriter:
         order: list[tuple[str, list[tuple[str, list[bytes]]]]] = []
         for partition, rows in page.by_partition.items():
             prefix = self.layout.document_prefix(partition, section)
-            base = [self.layout.fence(partition), self.layout.index(partition, section)]
+            base = [
+                self.layout.fence(partition),
+                self.layout.index(partition, section),
+                self.layout.seen(partition, section),
+            ]
             for start in range(0, len(rows), ROWS_PER_CALL):
                 chunk = rows[start : start + ROWS_PER_CALL]
                 args: list[object] = list(head)

@@ -50,20 +50,25 @@ class Documents:
         members = await self._call(self.client.smembers(self.layout.partitions(section)))
         return {redis_calls.text(m) for m in members}
 
-    async def stale_keys(self, section: str, version: int, *also: int) -> AsyncIterator[tuple[str, str]]:
-        """(partition, key) of the section's live documents whose ``@v`` is not
-        ``version`` (nor any of ``also``: a resumed snapshot's earlier views):
-        after a re-snapshot at those versions, those rows are gone from the
-        source and the daemon deletes them."""
-        wanted = [str(v) for v in (version, *also)]
+    async def stale_keys(self, section: str) -> AsyncIterator[tuple[str, str]]:
+        """(partition, key) of the section's live documents the whole snapshot
+        running now did not write (its ``@seen`` sets): those rows are gone
+        from the source and the daemon deletes them."""
         for partition in sorted(await self.partitions(section)):
             prefix = self.layout.document_prefix(partition, section)
+            seen = self.layout.seen(partition, section)
             async for keys in self._index_batches(partition, section):
-                documents = [prefix + key for key in keys]  # one partition: one slot on a cluster
-                script = scripts.run(self.client, scripts.STALE_KEYS, documents, wanted)
+                documents = [seen] + [prefix + key for key in keys]  # one partition: one slot on a cluster
+                script = scripts.run(self.client, scripts.STALE_KEYS, documents, keys)
                 stale = await self._call(script)
                 for position in stale:
                     yield partition, keys[int(position) - 1]
+
+    async def forget_seen(self, section: str) -> None:
+        """Drop the ``@seen`` sets of the section's partitions: before a whole
+        snapshot that starts over, and once its sweep is done."""
+        for partition in sorted(await self.partitions(section)):
+            await self._call(self.client.delete(self.layout.seen(partition, section)))
 
     async def _index_batches(self, partition: str, section: str) -> AsyncIterator[list[str]]:
         """The section's index, SSCAN page by page (never one huge SMEMBERS)."""

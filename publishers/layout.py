@@ -80,6 +80,11 @@ class Layout:
     def index(self, partition: str, section: str) -> str:
         return f"{self.prefix(partition)}@index:{section}"
 
+    def seen(self, partition: str, section: str) -> str:
+        """``ns:{p}:@seen:section``: the data keys a whole snapshot running now has
+        written (its sweep deletes the live documents of the index it lacks)."""
+        return f"{self.prefix(partition)}@seen:{section}"
+
     def seq(self, partition: str) -> str:
         return f"{self.prefix(partition)}@seq"
 

@@ -285,10 +285,14 @@ class DataManager:
         """The partition values ``section`` has written."""
         return await self._documents.partitions(section)
 
-    def stale_keys(self, section: str, version: int, *also: int) -> AsyncIterator[tuple[str, str]]:
-        """(partition, key) of the section's live documents whose ``@v`` is
-        not ``version`` nor any of ``also``."""
-        return self._documents.stale_keys(section, version, *also)
+    def stale_keys(self, section: str) -> AsyncIterator[tuple[str, str]]:
+        """(partition, key) of the section's live documents the whole snapshot
+        running now did not write."""
+        return self._documents.stale_keys(section)
+
+    async def forget_seen(self, section: str) -> None:
+        """Drop what the last whole snapshot of ``section`` recorded as written."""
+        await self._documents.forget_seen(section)
 
     def bulk_writer(self) -> BulkWriter:
         """A snapshot's bulk writer on this manager's client (``publishers.bulk``)."""

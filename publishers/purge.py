@@ -335,6 +335,8 @@ class Deleter:
         table next fences the zombie out on its first write."""
         layout, client, url = self.manager.layout, self.manager.client, self.manager.config.url
         p = part.partition
+        # what a whole snapshot of the section stopped part-way recorded as written
+        await redis_calls.call(client.delete(layout.seen(p, self.section)), url)
         if not part.shared_with:
             await redis_calls.call(client.delete(layout.seq(p), layout.stream(p), layout.fence(p)), url)
         elif self.token and not self.keep_fence:

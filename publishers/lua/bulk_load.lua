@@ -8,7 +8,9 @@ the section's new documents from ONE "R" message once the snapshot is done
 
 KEYS[1]      ns:{p}:@fence          hash: table -> highest fencing token seen
 KEYS[2]      ns:{p}:@index:section
-KEYS[2+i]    ns:{p}:section:dataKey of row i           (i = 1..N)
+KEYS[3]      ns:{p}:@seen:section   set: the data keys this whole snapshot wrote
+             (reset "1" only: its sweep deletes the documents it lacks)
+KEYS[3+i]    ns:{p}:section:dataKey of row i           (i = 1..N)
 
 ARGV[1] table as JSON text (its @fence field, as apply.lua)   ARGV[2] fencing token (decimal; "0": not fenced)
 ARGV[3] reset: "1" writes over any @v (a full snapshot is the truth at its
@@ -34,7 +36,7 @@ compared as decimal strings (length, then bytes), never as Lua numbers.
 --]]
 
 local call, pcall_redis, unpack = redis.call, redis.pcall, unpack
-local fence_key, index = KEYS[1], KEYS[2]
+local fence_key, index, seen_set = KEYS[1], KEYS[2], KEYS[3]
 local tbl, token, reset, version, ts = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4], ARGV[5]
 local ncols = tonumber(ARGV[6])
 
@@ -47,7 +49,7 @@ local function wrong(key, want)
   local t = call('TYPE', key)['ok']
   if t ~= 'none' and t ~= want then return key .. ' holds a ' .. t .. ', expected a ' .. want end
 end
-local problem = wrong(index, 'set') or wrong(fence_key, 'hash')
+local problem = wrong(index, 'set') or wrong(fence_key, 'hash') or wrong(seen_set, 'set')
 if problem then return redis.error_reply('CDCLAYOUT ' .. problem) end
 
 if token ~= '0' then
@@ -64,8 +66,8 @@ local field = {}
 for c = 1, ncols do field[c] = ARGV[a]; a = a + 1 end
 
 local statuses = {}
-for i = 1, #KEYS - 2 do
-  local doc, key = KEYS[2 + i], ARGV[a]
+for i = 1, #KEYS - 3 do
+  local doc, key = KEYS[3 + i], ARGV[a]
   local seen = pcall_redis('HGET', doc, '@v')
   if type(seen) == 'table' and seen.err then
     statuses[i] = 'x'
@@ -80,6 +82,7 @@ for i = 1, #KEYS - 2 do
     call('SADD', index, key)
     statuses[i] = 'w'
   end
+  if reset and statuses[i] ~= 'x' then call('SADD', seen_set, key) end
   a = a + 1 + ncols
 end
 return table.concat(statuses)

@@ -46,6 +46,7 @@ def write_config(
     lines: bool = True,
     section: str = "lines",
     key: str = "{{order_id}}-{{line}}",
+    cleanup_interval: str | None = None,
     **worker: str,
 ) -> Path:
     worker_lines = "".join(f"  {k}: {v}\n" for k, v in {"health": "null", **worker}.items())
@@ -56,7 +57,8 @@ def write_config(
     )
     path.write_text(
         f"source:\n  kind: postgres\n  dsn: {dsn}\n  tracking_schema: {schema}_trk\n"
-        f"redis:\n  url: {redis_url}\n  namespace: {namespace}\nworker:\n{worker_lines}tables:\n{tables}",
+        + (f"  cleanup_interval: {cleanup_interval}\n" if cleanup_interval else "")
+        + f"redis:\n  url: {redis_url}\n  namespace: {namespace}\nworker:\n{worker_lines}tables:\n{tables}",
         encoding="utf-8",
     )
     return path
@@ -188,6 +190,7 @@ async def test_tracking_disable_takes_a_table_the_config_no_longer_registers(
     assert bad.returncode == 2 and "not a table name" in bad.stderr
 
 
+@pytest.mark.parametrize("cleanup_interval", [None, "0s"])
 async def test_a_changed_key_template_resnapshots_and_sweeps_the_old_keys(
     postgres_dsn: str,
     redis_url: str,
@@ -195,13 +198,25 @@ async def test_a_changed_key_template_resnapshots_and_sweeps_the_old_keys(
     namespace: str,
     redis_client: aioredis.Redis,
     tmp_path: Path,
+    cleanup_interval: str | None,
 ) -> None:
+    """With the cleanup off nothing is written at the source between the two
+    snapshots, so the second one reads at the first one's version: the old
+    keys' documents are told from the new ones by key, not by version."""
     schema, path = tables, tmp_path / "cdc.yaml"
-    write_config(path, schema, postgres_dsn, redis_url, namespace)
+    write_config(path, schema, postgres_dsn, redis_url, namespace, cleanup_interval=cleanup_interval)
     assert (await cli("tracking", "enable", "-c", str(path))).returncode == 0
     await run_until_mirrored(path, postgres_dsn, schema, redis_client, namespace)
     seq = int(await redis_client.get(Layout(namespace).seq("orders")))
-    write_config(path, schema, postgres_dsn, redis_url, namespace, key="{{order_id}}/{{line}}")
+    write_config(
+        path,
+        schema,
+        postgres_dsn,
+        redis_url,
+        namespace,
+        key="{{order_id}}/{{line}}",
+        cleanup_interval=cleanup_interval,
+    )
 
     daemon = Daemon(load_config(path))
     task = asyncio.create_task(daemon.run())

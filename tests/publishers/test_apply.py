@@ -321,12 +321,17 @@ async def test_heartbeat_replaces_fields_and_expires(manager: DataManager) -> No
 
 
 async def test_stale_keys_lists_documents_the_snapshot_did_not_write(manager: DataManager) -> None:
-    await manager.apply([upsert(str(i), 5, partition=f"p{i % 4}", Id=i) for i in range(40)])
-    await manager.apply([upsert(str(i), 9, partition=f"p{i % 4}", Id=i, V=1) for i in range(0, 40, 3)])
-    await manager.apply([delete("1", 9, partition="p1")])  # tombstones are not live
-    found = sorted([item async for item in manager.stale_keys("forecasts", 9)])
+    """By key (the snapshot's @seen sets), not by version: documents written at
+    the snapshot's own version before it are stale too when it did not write them."""
+    await manager.apply([upsert(str(i), 9, partition=f"p{i % 4}", Id=i) for i in range(40)])
+    for i in range(0, 40, 3):  # what the snapshot wrote
+        await manager.client.sadd(manager.layout.seen(f"p{i % 4}", "forecasts"), str(i))
+    await manager.apply([delete("1", 10, partition="p1")])  # tombstones are not live
+    found = sorted([item async for item in manager.stale_keys("forecasts")])
     expected = sorted((f"p{i % 4}", str(i)) for i in range(40) if i % 3 and i != 1)
     assert found == expected
+    await manager.forget_seen("forecasts")
+    assert not await manager.client.exists(*(manager.layout.seen(f"p{i}", "forecasts") for i in range(4)))
 
 
 # -- connection and secrets ----------------------------------------------------
