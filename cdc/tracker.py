@@ -309,8 +309,10 @@ class ChangeTracker:
         started = self.line.now()
         version = await self.loader.load(self.info, self.feeder, shape)
         self.position = self.line.snapshotted(version, started)
-        await self.checkpoints.persist("streaming")
+        # the shape before the state: stopped between the two, "streaming" without a
+        # shape read as a mirror of a cdc-sync before 0.2 and was snapshotted again
         await control.set_table_shape(self.manager, self.table, shape)
+        await self.checkpoints.persist("streaming")
         log.info("snapshot done", extra={"table": self.table, "rows": self.progress.rows, "version": version})
 
     @property

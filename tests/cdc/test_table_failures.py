@@ -73,6 +73,10 @@ class Sidecar:
     async def mirrored(self, table: str, drop: Callable[[str], bool] = lambda c: False) -> bool:
         return await self.documents(table) == self.rows(table, drop)
 
+    async def streaming(self, table: str) -> bool:
+        checkpoint = self.manager.layout.checkpoint(table)
+        return bool(await self.manager.client.hget(checkpoint, "state") == b"streaming")
+
     def write(self, table: str = OTHER) -> int:
         """A new row in ``table``; its id."""
         self.next_id += 1
@@ -135,6 +139,8 @@ async def start_sidecar(source: MemorySource, cfg: Config) -> AsyncIterator[Side
         try:
             for table in (ITEMS, OTHER):
                 await wait_for(lambda t=table: sidecar.mirrored(t), DEADLINE, f"{table} to be mirrored")
+                # and its snapshot done (documents equal the rows before the snapshot records it)
+                await wait_for(lambda t=table: sidecar.streaming(t), DEADLINE, f"{table} to stream")
             yield sidecar
             assert not task.done(), "the sidecar must never stop for a table"
         finally:
