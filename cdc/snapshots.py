@@ -19,10 +19,17 @@ after it, in a later view ``v2``. The tracker then reads changes from the
 first view's ``v1``: a row written at ``v1`` that changed before ``v2`` is
 brought up to date by the change stream (a deletion is a change too), and a
 change at or below ``v2`` of a row written at ``v2`` is dropped by the apply
-rule. The sweep deletes, at ``v1``, the live documents whose ``@v`` is
-neither ``v1`` nor ``v2``: a row neither part saw was absent at ``v1`` (keys
-up to the resume key) or at ``v2`` (the rest), and any change after ``v1``
-still applies over the delete.
+rule. The sweep deletes, at ``v1``, the live documents neither part wrote,
+told by key (the ``@seen`` sets, which outlive the crash), never by ``@v``:
+two snapshots with nothing written at the source between them read at one
+version. A row neither part saw was absent at ``v1`` (keys up to the resume
+key) or at ``v2`` (the rest), and any change after ``v1`` still applies over
+the delete.
+
+Once done, the tracker records the table's shape before its checkpoint says
+``streaming``: stopped between the two writes the other way round,
+"streaming" without a shape read as a mirror of a cdc-sync before 0.2, and
+the table was snapshotted again.
 """
 
 from __future__ import annotations

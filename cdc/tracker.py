@@ -309,9 +309,7 @@ class ChangeTracker:
         started = self.line.now()
         version = await self.loader.load(self.info, self.feeder, shape)
         self.position = self.line.snapshotted(version, started)
-        # the shape before the state: stopped between the two, "streaming" without a
-        # shape read as a mirror of a cdc-sync before 0.2 and was snapshotted again
-        await control.set_table_shape(self.manager, self.table, shape)
+        await control.set_table_shape(self.manager, self.table, shape)  # before "streaming": see snapshots.py
         await self.checkpoints.persist("streaming")
         log.info("snapshot done", extra={"table": self.table, "rows": self.progress.rows, "version": version})
 
