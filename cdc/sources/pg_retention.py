@@ -34,10 +34,17 @@ let the deployment with the shortest retention expire the others' checkpoints
   its real cause (``pg_reads.check_window``).
 
 Cleanups run at once (sidecars start together, and each cleans at start)
-without deadlocking: each locks its tables' registry rows and upserts its
-claims in table order; the registry rows are locked FOR NO KEY UPDATE, which
-the claims' foreign-key checks (FOR KEY SHARE) do not wait for; lapsed claims
-are deleted SKIP LOCKED (another cleanup is deleting them).
+without deadlocking: each first upserts its claims in table order, then
+deletes the lapsed claims SKIP LOCKED (never waiting: another cleanup is
+renewing or deleting those), then locks its tables' registry rows in table
+order FOR NO KEY UPDATE, which the claims' foreign-key checks (FOR KEY
+SHARE) do not wait for. So a cleanup waits on another only while upserting
+(on that one's upsert, in the same order, or on its delete, which waits for
+nothing) or at a registry row (in the same order). The lapsed claims were
+deleted before the upsert in 0.3: two sidecars of one deployment each
+deleted part of them (SKIP LOCKED splits them), then each upserted the
+claims the other had deleted and waited for the other's commit: a deadlock
+(2 cleanups of 2,400 running 8 at once, all claims lapsed).
 
 Only entries below the snapshot's ``xmin`` are deleted: their transactions
 have ended, so a reader whose checkpoint is at or above the highest deleted
@@ -99,15 +106,15 @@ declare
     _cdc_horizon bigint := pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
 begin
     if for_deployment is not null then
-        delete from {claims} as c using (
-            select table_name, deployment from {claims} where expires_at < now() for update skip locked
-        ) as lapsed where c.table_name = lapsed.table_name and c.deployment = lapsed.deployment;
         insert into {claims} (table_name, deployment, retention, claimed_at, expires_at)
         select r.table_name, for_deployment, keep, now(), now() + claim_for
           from {registry} r where r.table_name = any(only_tables) order by r.table_name
         on conflict (table_name, deployment) do update
            set retention = excluded.retention, claimed_at = excluded.claimed_at,
                expires_at = excluded.expires_at;
+        delete from {claims} as c using (
+            select table_name, deployment from {claims} where expires_at < now() for update skip locked
+        ) as lapsed where c.table_name = lapsed.table_name and c.deployment = lapsed.deployment;
     end if;
     for _cdc_table in
         select r.table_name, r.net_table,

@@ -21,6 +21,8 @@ from cdc.cleanup_job import CleanupJob, cleanup_scope, deployment_name
 from cdc.config import Config, parse_config
 from cdc.daemon import Daemon
 from cdc.pipeline import Pipeline
+from cdc.sources import pg_retention
+from cdc.sources.base import CleanupScope
 from cdc.sources.pg_tracking import net_table_name
 from publishers.layout import Layout
 from publishers.manager import DataManager
@@ -264,3 +266,50 @@ async def test_cleanups_running_at_once_never_deadlock(
         )
         await asyncio.gather(*(job.run() for job in jobs))
         assert [job.pipeline.cleanup_error for job in jobs] == [None] * len(jobs)
+
+
+async def test_cleanups_of_one_deployment_with_every_claim_lapsed_never_deadlock(
+    postgres_dsn: str, pg_schema: str, redis_url: str
+) -> None:
+    """The cleanup function called by eight connections at once, every claim
+    lapsed before each round, 300 rounds: the most overlap, which the jobs
+    above (a connection each to open first) seldom reach. 0.3's cleanup
+    deleted the lapsed claims before renewing its own: two sidecars of one
+    deployment each deleted part of them (SKIP LOCKED) and then waited on
+    each other to renew the rest (4 of 2,400 calls deadlocked, measured)."""
+    await create_tables(postgres_dsn, pg_schema)
+    await execute(postgres_dsn, SOLO_DDL.format(s=pg_schema))
+    everything = ("items", "lines", "solo")
+    await enable_tracking(deployment(pg_schema, postgres_dsn, redis_url, "x", 1.0, everything))
+    tables = tuple(f"{pg_schema}.{name}" for name in everything)
+    scopes = [
+        CleanupScope("one", tables, 5.0) if i % 2 else CleanupScope("two", tables[::-1], 5.0)
+        for i in range(8)
+    ]
+    connections = [await psycopg.AsyncConnection.connect(postgres_dsn, autocommit=True) for _ in scopes]
+    failures: list[str] = []
+
+    async def clean(conn: psycopg.AsyncConnection[Any], scope: CleanupScope) -> None:
+        try:
+            await pg_retention.cleanup(conn, f"{pg_schema}_trk", 1.0, scope)
+        except psycopg.Error as exc:
+            failures.append(f"{scope.deployment}: {exc}")
+
+    try:
+        for _ in range(300):
+            await execute(
+                postgres_dsn,
+                f"update {pg_schema}_trk.retention_claims set expires_at = now() - interval '1 s'",
+            )
+            await asyncio.gather(
+                *(clean(conn, scope) for conn, scope in zip(connections, scopes, strict=True))
+            )
+    finally:
+        for conn in connections:
+            await conn.close()
+    assert failures == []
+    [claims] = await execute(
+        postgres_dsn,
+        f"select array_agg(table_name || ' ' || deployment order by table_name, deployment) from {pg_schema}_trk.retention_claims",
+    )
+    assert claims == sorted(f"{table} {who}" for table in tables for who in ("one", "two"))
