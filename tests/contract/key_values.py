@@ -200,5 +200,7 @@ MEMORY_KEYS = {
     ),
     "uuid": KeyValues("uuid", tuple(f"UUID('{u}')" for u in UUIDS), tuple(uuid.UUID(u) for u in UUIDS)),
 }
-# The memory source stores Python values: it has no collations (ctext, cvarchar).
-MEMORY_NO_COLLATIONS = "the memory source has no collations: its text sorts by code point only"
+# The memory source stores Python values: it has no collations, so the kinds
+# under one (ctext, cvarchar) are not its to test (tests/contract/test_key_types.py).
+COLLATED_KINDS = ("ctext", "cvarchar")
+WITHOUT_COLLATIONS = frozenset({"memory"})

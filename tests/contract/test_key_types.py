@@ -32,6 +32,7 @@ from cdc.sources.base import ChangeRow, ChangeSource, TableInfo
 from tests.e2e import wait_for
 
 from .harness import HARNESSES, Key, SourceHarness, key_of, read_all
+from .key_values import COLLATED_KINDS, WITHOUT_COLLATIONS
 
 PAGE = 4
 CROWD = 30  # rows sharing one crowded key value: several pages of them
@@ -46,7 +47,18 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[SourceHarness
         yield running
 
 
-@pytest.mark.parametrize("kind", ["timestamp", "timestamptz", "uuid", "ctext", "cvarchar"])
+KINDS = ("timestamp", "timestamptz", "uuid", *COLLATED_KINDS)
+# Each source with each kind of key it has: a source without collations has no collated keys to test.
+SOURCE_KINDS = [
+    (source, kind)
+    for source in sorted(HARNESSES)
+    for kind in KINDS
+    if not (source in WITHOUT_COLLATIONS and kind in COLLATED_KINDS)
+]
+COLLATED_SOURCES = [source for source in sorted(HARNESSES) if source not in WITHOUT_COLLATIONS]
+
+
+@pytest.mark.parametrize(("harness", "kind"), SOURCE_KINDS, indirect=["harness"])
 async def test_pages_over_a_key_type_deliver_every_row_once_in_order(
     harness: SourceHarness, kind: str
 ) -> None:
@@ -66,6 +78,7 @@ async def test_pages_over_a_key_type_deliver_every_row_once_in_order(
         assert leading != sorted(leading, key=str), f"{kind}: the database sorts these values as text"
 
 
+@pytest.mark.parametrize("harness", COLLATED_SOURCES, indirect=True)
 async def test_composite_text_keys_under_collations_deliver_every_row_once_in_order(
     harness: SourceHarness,
 ) -> None:
