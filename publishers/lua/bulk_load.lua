@@ -65,7 +65,11 @@ local a = 7
 local field = {}
 for c = 1, ncols do field[c] = ARGV[a]; a = a + 1 end
 
-local statuses = {}
+-- the page's keys are added to the index and to the seen set in one SADD each
+-- after the loop (variadic),
+-- not one SADD a row: Redis CPU a row of ten columns, median 16.3 -> 15.3 us
+-- (six interleaved runs of 100 calls of 1,000 rows each, INFO cpu, quiet machine)
+local statuses, indexed, written = {}, {}, {}
 for i = 1, #KEYS - 3 do
   local doc, key = KEYS[3 + i], ARGV[a]
   local seen = pcall_redis('HGET', doc, '@v')
@@ -79,10 +83,17 @@ for i = 1, #KEYS - 3 do
     end
     if seen then call('DEL', doc) end
     call('HSET', doc, unpack(fields))
-    call('SADD', index, key)
+    indexed[#indexed + 1] = key
     statuses[i] = 'w'
   end
-  if reset and statuses[i] ~= 'x' then call('SADD', seen_set, key) end
+  if reset and statuses[i] ~= 'x' then written[#written + 1] = key end
   a = a + 1 + ncols
 end
+local function add_all(set, members)  -- a thousand at a time: Lua's unpack has a stack limit
+  for first = 1, #members, 1000 do
+    call('SADD', set, unpack(members, first, math.min(first + 999, #members)))
+  end
+end
+add_all(index, indexed)
+add_all(seen_set, written)
 return table.concat(statuses)
