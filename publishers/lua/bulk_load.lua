@@ -65,10 +65,10 @@ local a = 7
 local field = {}
 for c = 1, ncols do field[c] = ARGV[a]; a = a + 1 end
 
--- the page's keys are added to the index and to the seen set in one SADD each
--- after the loop (variadic),
--- not one SADD a row: Redis CPU a row of ten columns, median 16.3 -> 15.3 us
--- (six interleaved runs of 100 calls of 1,000 rows each, INFO cpu, quiet machine)
+-- the page's keys are added to the index and to the seen set after the loop,
+-- in one variadic SADD each, not one SADD a row: Redis CPU a row of ten
+-- columns, median 16.3 -> 15.3 us (six interleaved runs of 100 calls of 1,000
+-- rows each, INFO cpu, quiet machine)
 local statuses, indexed, written = {}, {}, {}
 for i = 1, #KEYS - 3 do
   local doc, key = KEYS[3 + i], ARGV[a]
