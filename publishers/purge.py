@@ -269,8 +269,11 @@ class Deleter:
             cursor, keys = await redis_calls.call(
                 self.manager.client.sscan(index, cursor, count=PAGE), self.manager.config.url
             )
-            if keys:
-                await self._page(partition, [redis_calls.text(k) for k in keys])
+            # SSCAN's COUNT is a hint: a reply may hold a few more members (a whole
+            # hash bucket each), so it is applied PAGE at a time (a CI run saw 501)
+            found = [redis_calls.text(k) for k in keys]
+            for first in range(0, len(found), PAGE):
+                await self._page(partition, found[first : first + PAGE])
                 progress()
             await self.keep_lease()
             if int(cursor) == 0:

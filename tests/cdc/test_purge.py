@@ -294,15 +294,20 @@ async def test_no_sidecar_can_take_the_table_while_the_purge_runs(
     config = load_config(write_config(tmp_path / "cdc.yaml", redis_config, KEPT))
     sidecar = Leases(manager, "sidecar-2", ttl=30)
     answers: list[int | None] = []
+    pages: list[int] = []
     delete_page = purge.Deleter._page
 
     async def page_then_ask(deleter: purge.Deleter, partition: str, keys: list[str]) -> None:
+        pages.append(len(keys))
         await delete_page(deleter, partition, keys)
         answers.append(await sidecar.acquire(GONE))
 
     monkeypatch.setattr(purge.Deleter, "_page", page_then_ask)
     assert await purge_table(config, Request(GONE)) == 0
     assert len(answers) >= 4000 // PAGE and answers == [None] * len(answers)
+    # each apply call holds at most a page (SSCAN's replies hold up to 502 of these 4,000 keys):
+    # what bounds the tombstones a killed purge leaves, and a script run
+    assert sum(pages) == 4000 and max(pages) <= PAGE
     assert await sidecar.acquire(GONE) is not None  # free once it is done
 
 
