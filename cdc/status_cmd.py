@@ -246,11 +246,20 @@ def tables_view(rows: list[dict[str, Any]]) -> Table:
             row["updated_at"] or "",
             _progress(row["snapshot"]),
             str(row["dead_letters"]),
-            row["owner"] or "",
-            row["worker_state"] or "",
+            row["owner"] or "none",
+            _worker_state(row),
             style="bold red" if row["error"] or row["worker_state"] == "degraded" else None,
         )
     return table
+
+
+def _worker_state(row: dict[str, Any]) -> str:
+    """What the sidecar holding the table says, or why nothing does: ``state``
+    is the checkpoint's (``streaming`` stays written after every sidecar
+    stopped), so an operator must see here that nobody is running it."""
+    if row["owner"] is None:
+        return "no sidecar holds it"
+    return row["worker_state"] or "no heartbeat (the holder died: its lease runs out)"
 
 
 def _shown(value: int | None) -> str:

@@ -14,10 +14,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from rich.console import Console
 
 from cdc.config import parse_config
 from cdc.devservers import free_port
-from cdc.status_cmd import typed_snapshot, typed_worker
+from cdc.status_cmd import tables_view, typed_snapshot, typed_worker
 from tests.chaos import Sidecar
 from tests.e2e import config_text, create_tables, enable_tracking, wait_for, write_config
 
@@ -192,3 +193,29 @@ def test_snapshot_progress_is_numbers_and_an_unknown_total_is_null() -> None:
     assert typed_snapshot({"rows": "500", "total": "1200"}) == {"rows": 500, "total": 1200}
     assert typed_snapshot({"rows": "500", "total": "?"}) == {"rows": 500, "total": None}
     assert typed_snapshot(None) is None
+
+
+def _row(owner: str | None, worker_state: str | None) -> dict[str, Any]:
+    return {
+        "table": "app.t", "state": "streaming", "checkpoint": 7, "source_version": 9, "lag_versions": 2,
+        "updated_at": None, "snapshot": None, "dead_letters": 0, "owner": owner,
+        "worker_state": worker_state, "error": None,
+    }  # fmt: skip
+
+
+def _rendered(row: dict[str, Any]) -> str:
+    console = Console(width=250, record=True)
+    console.print(tables_view([row]))
+    return console.export_text()
+
+
+def test_the_table_view_says_when_no_sidecar_runs_a_streaming_table() -> None:
+    """The checkpoint's state stays ``streaming`` after every sidecar stopped:
+    the line must not read as if the table were followed."""
+    nobody = _rendered(_row(None, None))
+    assert "no sidecar holds it" in nobody and "none" in nobody
+    dead = _rendered(_row("w-dead", None))
+    assert "no heartbeat" in dead and "no sidecar" not in dead
+    live = _rendered(_row("w-live", "streaming"))
+    assert "no heartbeat" not in live and "no sidecar" not in live
+    assert live.count("streaming") == 2  # the checkpoint's state and the worker's
