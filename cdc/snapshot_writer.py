@@ -35,6 +35,7 @@ class PageWriter:
     feeder: RowFeeder
     reset: bool
     settled: Settled
+    sweep: bool = False  # a whole snapshot that sweeps: record the written keys in @seen
     partitions: set[str] = field(default_factory=set)  # every partition written
     _pending: tuple[SnapshotPage, MappedPage, asyncio.Task[BulkOutcome]] | None = None
 
@@ -49,6 +50,7 @@ class PageWriter:
             version=page.version,
             reset=self.reset,
             fence=self.feeder.mapper.fence,
+            sweep=self.sweep,
         )
         self._pending = (page, mapped, asyncio.create_task(write))
 

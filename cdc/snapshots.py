@@ -103,7 +103,7 @@ class SnapshotLoader:
         earlier = len(views)  # views of the parts before this one
         self.progress.rows = resume.rows if resume else 0
         after = resume.after if resume else None
-        writer = self._writer(feeder, reset=True)
+        writer = self._writer(feeder, reset=True, sweep=sweep)
         pages = self.source.snapshot(info, page_size=self.page_size, after=after, encoded=True)
         try:
             async for page in read_ahead(pages):
@@ -140,7 +140,7 @@ class SnapshotLoader:
             )
         return self.progress.rows
 
-    def _writer(self, feeder: RowFeeder, *, reset: bool) -> PageWriter:
+    def _writer(self, feeder: RowFeeder, *, reset: bool, sweep: bool = False) -> PageWriter:
         async def settled(page: SnapshotPage, outcome: BulkOutcome) -> None:
             count = outcome.written + outcome.stale
             self._applied.inc(count)
@@ -152,7 +152,7 @@ class SnapshotLoader:
                 await self.resumes.page_done(page.last_key, self.progress.rows, page.total)
 
         writer = self.manager.bulk_writer()
-        return PageWriter(self.table, self.table_config.section, writer, feeder, reset, settled)
+        return PageWriter(self.table, self.table_config.section, writer, feeder, reset, settled, sweep)
 
     async def _mark(self, writer: BulkWriter, version: int, feeder: RowFeeder) -> None:
         """One ``R`` message in every partition the section has written."""

@@ -14,9 +14,12 @@ KEYS[3+i]    ns:{p}:section:dataKey of row i           (i = 1..N)
 
 ARGV[1] table as JSON text (its @fence field, as apply.lua)   ARGV[2] fencing token (decimal; "0": not fenced)
 ARGV[3] reset: "1" writes over any @v (a full snapshot is the truth at its
-        version, even over a source that went back in time); "0" leaves a
-        document (or tombstone) whose @v is above the version (a partial
-        snapshot, which the change stream may have passed)
+        version, even over a source that went back in time) and records the
+        written keys in KEYS[3] for the sweep; "n" the same without recording
+        (a full snapshot with nothing to sweep: the section had written no
+        partition before it); "0" leaves a document (or
+        tombstone) whose @v is above the version (a partial snapshot, which
+        the change stream may have passed)
 ARGV[4] version (decimal)   ARGV[5] ts (ISO 8601)   ARGV[6] C columns
 then C x hash field; then N x [data key, value 1..C (JSON text)]
 
@@ -37,7 +40,8 @@ compared as decimal strings (length, then bytes), never as Lua numbers.
 
 local call, pcall_redis, unpack = redis.call, redis.pcall, unpack
 local fence_key, index, seen_set = KEYS[1], KEYS[2], KEYS[3]
-local tbl, token, reset, version, ts = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4], ARGV[5]
+local tbl, token, version, ts = ARGV[1], ARGV[2], ARGV[4], ARGV[5]
+local reset, record = ARGV[3] ~= '0', ARGV[3] == '1'
 local ncols = tonumber(ARGV[6])
 
 local function newer(a, b)
@@ -86,7 +90,7 @@ for i = 1, #KEYS - 3 do
     indexed[#indexed + 1] = key
     statuses[i] = 'w'
   end
-  if reset and statuses[i] ~= 'x' then written[#written + 1] = key end
+  if record and statuses[i] ~= 'x' then written[#written + 1] = key end
   a = a + 1 + ncols
 end
 local function add_all(set, members)  -- a thousand at a time: Lua's unpack has a stack limit

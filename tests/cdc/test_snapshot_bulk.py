@@ -239,3 +239,18 @@ async def test_a_marker_reload_that_fails_is_done_at_the_next_poll(
     assert (subscriber.snapshot_reloads, subscriber.reloads) == (1, 0)
     assert subscriber.replica[SECTION] == await manager.documents(P, SECTION)
     assert set(subscriber.replica[SECTION]) == {"1", "2", "9"}
+
+
+async def test_the_seen_set_is_written_only_for_a_snapshot_that_sweeps(manager: DataManager) -> None:
+    """The sweep needs the keys a whole snapshot wrote; a snapshot with
+    nothing to sweep (the section had no partition before it) would only
+    build a set of every key to delete it unread."""
+    writer, seen = manager.bulk_writer(), manager.layout.seen(P, SECTION)
+    await writer.write(TABLE, SECTION, page(("1", 1, "a")), version=7, reset=True, fence=0, sweep=False)
+    assert not await manager.client.exists(seen)
+    assert await fields(manager, "1") != {}  # written all the same
+
+    await writer.write(TABLE, SECTION, page(("2", 2, "b")), version=7, reset=True, fence=0, sweep=True)
+    assert await manager.client.smembers(seen) == {b"2"}
+    await writer.write(TABLE, SECTION, page(("3", 3, "c")), version=7, reset=False, fence=0)
+    assert await manager.client.smembers(seen) == {b"2"}  # a key range never records
