@@ -10,6 +10,7 @@ path does.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,10 @@ from cdc.sources.base import SnapshotPage
 from cdc.values import SHORTCUTS, encode_value
 from publishers.bulk import PageRows
 
+# Rows mapped between two turns of the event loop: ~8 ms of CPU at ~8 us a
+# row, against the ~5 us a turn costs.
+ROWS_PER_STEP = 1000
+
 
 @dataclass
 class MappedPage:
@@ -31,16 +36,51 @@ class MappedPage:
 def map_page(page: SnapshotPage, mapper: TableMapper) -> MappedPage:
     """Every row of ``page`` mapped; its columns in the order ``rows.columns``
     gives: the source-encoded ones, then the others."""
-    keys = mapper.info.primary_key
+    mapped, records, layout = _start(page, mapper)
+    _map_records(mapped, records, layout, mapper)
+    return mapped
+
+
+async def map_page_in_steps(page: SnapshotPage, mapper: TableMapper) -> MappedPage:
+    """``map_page``, giving the event loop a turn every ``ROWS_PER_STEP`` rows:
+    meanwhile the page before goes on being sent to Redis (a page is ~1 MB,
+    more than the socket takes at once: the rest leaves only when the loop
+    runs) and its replies are read, so Redis writes while this maps."""
+    mapped, records, layout = _start(page, mapper)
+    for first in range(0, len(records), ROWS_PER_STEP):
+        _map_records(mapped, records[first : first + ROWS_PER_STEP], layout, mapper)
+        await asyncio.sleep(0)
+    return mapped
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a record's parts are: ``width`` key values, then the source's
+    JSON text of ``encoded`` (one string), then one value per ``plain`` column."""
+
+    width: int
     encoded: tuple[str, ...]
+    plain: Sequence[str]
+
+
+def _start(page: SnapshotPage, mapper: TableMapper) -> tuple[MappedPage, Sequence[Sequence[Any]], _Layout]:
+    keys = mapper.info.primary_key
     if page.records is None:  # rows as dicts: every column a value
-        width, encoded, plain = len(keys), (), mapper.columns
+        plain = mapper.columns
         records: Sequence[Sequence[Any]] = [
             (*(row[c] for c in keys), "", *(row.get(c) for c in plain)) for row in page.rows
         ]
+        layout = _Layout(len(keys), (), plain)
     else:
-        width, encoded, plain, records = len(keys), page.encoded_columns, page.plain_columns, page.records
-    mapped = MappedPage(PageRows((*encoded, *plain)))
+        records = page.records
+        layout = _Layout(len(keys), page.encoded_columns, page.plain_columns)
+    return MappedPage(PageRows((*layout.encoded, *layout.plain))), records, layout
+
+
+def _map_records(
+    mapped: MappedPage, records: Sequence[Sequence[Any]], layout: _Layout, mapper: TableMapper
+) -> None:
+    keys, width, encoded, plain = mapper.info.primary_key, layout.width, layout.encoded, layout.plain
     render_partition = mapper.config.partition.render
     render_key = mapper.key_template.render
     limit, names_size = mapper.max_row_bytes, mapper.names_size
@@ -66,7 +106,6 @@ def map_page(page: SnapshotPage, mapper: TableMapper) -> MappedPage:
             mapped.poisoned.append((key, "empty partition value" if not partition else "empty data key"))
             continue
         add(partition, data_key, values)
-    return mapped
 
 
 def _encode(value: Any, column: str) -> bytes:

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from cdc.feeder import RowFeeder
-from cdc.snapshot_pages import MappedPage, map_page
+from cdc.snapshot_pages import MappedPage, map_page_in_steps
 from cdc.sources.base import SnapshotPage
 from publishers.bulk import BulkOutcome, BulkWriter
 
@@ -41,7 +41,7 @@ class PageWriter:
 
     async def put(self, page: SnapshotPage) -> None:
         """Map ``page`` (while the page before is written), then start writing it."""
-        mapped = map_page(page, self.feeder.mapper)
+        mapped = await map_page_in_steps(page, self.feeder.mapper)
         await self._settle()
         write = self.writer.write(
             self.table,
@@ -53,6 +53,11 @@ class PageWriter:
             sweep=self.sweep,
         )
         self._pending = (page, mapped, asyncio.create_task(write))
+        # The write's first turn now (pack and start sending), not after the
+        # next page is mapped: the next page comes from a queue that does not
+        # suspend when it holds one, so without this turn Redis only started
+        # once that mapping was done, and the two never overlapped.
+        await asyncio.sleep(0)
 
     async def flush(self) -> None:
         """Wait for the last page."""
