@@ -10,6 +10,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import jsonpatch
 import jsonschema
 import orjson
 import pytest
@@ -270,7 +271,7 @@ def test_the_blocking_wrapper(redis_url: str, namespace: str) -> None:
             assert message is not None, "no message within 10 s"
             received.append(message)
         assert [m["seq"] for m in received] == list(range(start + 1, start + 11))
-        copy = subscriber.replica()
+        copy = subscriber.replica
 
     async def documents() -> dict[str, Any]:
         manager = await DataManager.connect(config)
@@ -396,3 +397,52 @@ async def test_a_start_from_history_that_fails_starts_again(
     delivered += await catch_up(subscriber, manager)
     assert failed == [2] and [m["seq"] for m in delivered] == list(range(2, subscriber.seq + 1))
     assert replica(subscriber) == await in_redis(manager)
+
+
+def steps(count: int) -> list[Change]:
+    """``count`` changes over three keys: each inserts or updates its key's
+    ``Step`` to its own number (more than a read's 1,000 entries)."""
+    return [change("alpha", str(i % 3), i, "I" if i < 3 else "U", Step=i) for i in range(count)]
+
+
+async def test_the_replica_is_the_state_of_the_message_being_handled(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    """While the application handles message N (``async for``), the replica
+    holds exactly messages 1..N: not the rest of the read (up to 1,000)."""
+    subscriber = Subscriber(manager.client, redis_config.namespace, P)
+    await subscriber.start()  # loaded before the writes: it follows all of them
+    await manager.apply(steps(2500))
+    expected: dict[str, Any] = {}
+    async with asyncio.timeout(30):
+        async for message in subscriber:
+            expected[message["key"]] = jsonpatch.apply_patch(expected.get(message["key"]), message["patch"])
+            assert subscriber.replica == {"alpha": expected}, f"while handling seq {message['seq']}"
+            if message["seq"] == 2500:
+                break
+    assert replica(subscriber) == await in_redis(manager)
+
+
+def test_the_blocking_replica_is_the_state_of_the_message_being_handled(
+    redis_url: str, namespace: str
+) -> None:
+    config = RedisConfig(url=redis_url, namespace=namespace)
+
+    async def write() -> None:
+        manager = await DataManager.connect(config)
+        try:
+            await manager.apply(steps(1200))
+        finally:
+            await manager.close()
+
+    with BlockingSubscriber(config, P, block=0.2) as subscriber:
+        asyncio.run(write())
+        expected: dict[str, Any] = {}
+        while len(expected) < 3 or expected["2"]["Step"] != 1199:
+            message = subscriber.get(timeout=10)
+            assert message is not None, "no message within 10 s"
+            expected[message["key"]] = jsonpatch.apply_patch(expected.get(message["key"]), message["patch"])
+            assert subscriber.replica == {"alpha": expected}, f"while handling seq {message['seq']}"
+        with pytest.warns(DeprecationWarning, match="is an attribute since cdc-sync 0.5"):
+            called = subscriber.replica()  # 0.4's spelling, kept for one release
+        assert called == {"alpha": expected}
