@@ -14,6 +14,7 @@ import jsonpatch
 import jsonschema
 import orjson
 import pytest
+from redis.asyncio.cluster import RedisCluster
 
 from cdc.config import RedisConfig
 from publishers.connection import close_client, connect
@@ -446,3 +447,51 @@ def test_the_blocking_replica_is_the_state_of_the_message_being_handled(
         with pytest.warns(DeprecationWarning, match="is an attribute since cdc-sync 0.5"):
             called = subscriber.replica()  # 0.4's spelling, kept for one release
         assert called == {"alpha": expected}
+
+
+async def scans(manager: DataManager) -> int:
+    """How many SCAN commands the server (every node of a cluster) has run."""
+    if isinstance(manager.client, RedisCluster):
+        nodes = await manager.client.info("commandstats", target_nodes=RedisCluster.ALL_NODES)
+        return sum(int(stats.get("cmdstat_scan", {}).get("calls", 0)) for stats in nodes.values())
+    stats = await manager.client.info("commandstats")
+    return int(stats.get("cmdstat_scan", {}).get("calls", 0))
+
+
+async def test_a_subscriber_finds_the_sections_without_scanning_the_keyspace(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    await manager.apply(batch(10) + batch(20, section="beta"))
+    before = await scans(manager)
+    subscriber = Subscriber(manager.client, redis_config.namespace, P)
+    await subscriber.start()
+    assert await scans(manager) == before
+    assert replica(subscriber) == await in_redis(manager)
+    assert set(subscriber.replica) == {"alpha", "beta"}
+    assert await manager.client.smembers(manager.layout.sections()) == {b"alpha", b"beta"}
+
+
+async def test_a_redis_written_before_the_sections_registry_is_followed_then_filled(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    """Sidecars before 0.5 wrote no ``ns:@sections``: a subscriber scans, as
+    0.4's did, and the first sidecar of 0.5 fills the registry with every
+    section, those it does not write too."""
+    await manager.apply(batch(10) + batch(20, section="beta"))
+    await manager.client.delete(manager.layout.sections())  # as 0.4 left it
+    old = Subscriber(manager.client, redis_config.namespace, P)
+    await old.start()
+    assert set(old.replica) == {"alpha", "beta"}
+
+    upgraded = await DataManager.connect(redis_config)  # a new sidecar process
+    try:
+        await upgraded.apply([change("alpha", "new", 99, "I", Price="1")])  # only alpha is written
+    finally:
+        await upgraded.close()
+    assert await manager.client.smembers(manager.layout.sections()) == {b"alpha", b"beta"}
+    before = await scans(manager)
+    subscriber = Subscriber(manager.client, redis_config.namespace, P)
+    await subscriber.start()
+    assert await scans(manager) == before
+    assert replica(subscriber) == await in_redis(manager)
+    assert set(subscriber.replica) == {"alpha", "beta"}
