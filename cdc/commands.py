@@ -326,6 +326,7 @@ async def _snapshot_here(config: Config, tables: list[str], key_range: KeyRange 
 
 
 async def subscribe(config: Config, partition: str, section: str | None, from_seq: int | None) -> int:
+    from cdc.subscribe_args import check_subscription
     from publishers.subscriber import Subscriber
 
     # the command line checks these too (click's usage errors); this is for callers in Python
@@ -335,9 +336,12 @@ async def subscribe(config: Config, partition: str, section: str | None, from_se
         raise ConfigError(f"--from-seq: {from_seq} is not a seq (seqs start at 1)")
     manager = await DataManager.connect(config.redis)
     try:
+        await check_subscription(config, manager, partition, section, from_seq)
         subscriber = Subscriber(
             manager.client, config.redis.namespace, partition, section, from_seq, on_reload=_reloaded
         )
+        await subscriber.start()
+        tune_gc()  # the loaded replica is frozen out of every collection
         async for entry in subscriber.entries():
             _print_text(entry.text)
     except (KeyboardInterrupt, asyncio.CancelledError):
