@@ -199,9 +199,8 @@ class Subscriber:
             grace=block_ms / 1000 + redis_calls.SOCKET_TIMEOUT,
         )
         if not await self._stream_reads.holds(self.position, self._last):
-            return await self._reload_then(
-                _GAP, None
-            ), []  # what was read belongs to the new data, if anything
+            # what was read belongs to the new data, if anything
+            return await self._reload_then(_GAP, None), []
         return [], read_entries(reply)
 
     # -- following ---------------------------------------------------------
