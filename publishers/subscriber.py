@@ -55,11 +55,11 @@ from jsonpatch import JsonPatchException
 from jsonpointer import JsonPointerException
 from tenacity import AsyncRetrying, retry_if_exception_type
 
-from publishers import connection, exact_json, redis_calls
+from publishers import connection, exact_json, patching, redis_calls
 from publishers.connection import RedisClient
 from publishers.errors import CdcError, TransientError
 from publishers.layout import Layout
-from publishers.messages import Document, Message, apply_patch, decode_message, stream_seq
+from publishers.messages import Document, Message, stream_seq
 from publishers.replica_load import PartitionLoad, Replica
 from publishers.retrying import equal_jitter
 from publishers.settings import RedisConfig
@@ -240,7 +240,7 @@ class Subscriber:
         """``_take`` up to the reload: the entry to deliver (or None), and which
         reload it needs: none, an ``R`` message's (``_MARKER``), or that of a
         patch that did not fit the replica (``_MISFIT``)."""
-        message = decode_message(raw)
+        message: Message = exact_json.loads(raw)  # messages.decode_message, a call less
         self.position, self._last = seq, raw
         section = message.get("section")
         wanted = self.section is None or section == self.section
@@ -262,8 +262,10 @@ class Subscriber:
     def _apply(self, section: str, key: str, patch: list[dict[str, Any]]) -> None:
         """Patch one replica document (``apply_patch`` copies the patch's values,
         so the message handed out never shares objects with the replica)."""
-        docs = self.replica.setdefault(section, {})
-        document = apply_patch(docs.get(key), patch)
+        docs = self.replica.get(section)
+        if docs is None:  # (not setdefault: its default would be a new dict every message)
+            docs = self.replica[section] = {}
+        document = patching.apply_patch(docs.get(key), patch)
         if document is None:
             docs.pop(key, None)
         else:
