@@ -40,6 +40,7 @@ application handles message N the replica holds exactly the state after N
 
 Values are read exactly (``publishers.exact_json``): integers of any size,
 non-integers a float64 cannot hold as ``Decimal``, any depth of nesting.
+A process holding a large replica: ``publishers.gc_tuning``.
 """
 
 from __future__ import annotations
