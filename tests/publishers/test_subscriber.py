@@ -265,6 +265,7 @@ def test_the_blocking_wrapper(redis_url: str, namespace: str) -> None:
     asyncio.run(write(10))
     with BlockingSubscriber(config, P, block=0.2) as subscriber:
         start = subscriber.subscriber.seq
+        assert subscriber.get(timeout=0.3) is None  # nothing yet: its read goes on, and brings the first
         asyncio.run(write(20, 30))
         received = []
         while len(received) < 10:
