@@ -51,7 +51,7 @@ figures are from development runs on this machine (same sizes as the quick mode,
    held 4 KiB and a queued change of ten columns 40 KiB: draining a backlog peaked at 545 MB RSS.
    Encoded values are now copied to exact-size bytes (`b"%b" % text`, the cheapest exact copy):
    155 MB.
-2. **Garbage collector** (`cdc/commands.py`, `tune_gc`). With Python's default thresholds the cyclic
+2. **Garbage collector** (`publishers/gc_tuning.py`, `tune_gc`). With Python's default thresholds the cyclic
    GC ran full collections over the 10,000 queued changes and the pages being read every ~10,000
    changes: a quarter of the sidecar's CPU. `cdc run` now freezes the start-up objects and uses
    thresholds (50,000, 20, 20): ~70 -> ~55 µs of CPU per drained change.

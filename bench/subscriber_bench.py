@@ -10,13 +10,16 @@ end, applying every message to its replica: messages/s (wall) and CPU µs a
 message (the process's, while it reads). The same is done by a subscriber
 whose patches go through ``jsonpatch.apply_patch`` instead (the slow path
 the fast one is measured against), interleaved: fast, jsonpatch, fast,
-jsonpatch. Each run's replica is checked against the documents in Redis.
+jsonpatch; and the fast one again in a process tuned as
+``publishers.gc_tuning`` tells an application holding a replica. Each run's
+replica is checked against the documents in Redis.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import gc
 import time
 import uuid
 from decimal import Decimal
@@ -28,6 +31,7 @@ from bench.context import Context
 from cdc.config import RedisConfig
 from cdc.values import RawJson, encode_value
 from publishers.connection import close_client, connect
+from publishers.gc_tuning import tune_gc
 from publishers.manager import DataManager
 from publishers.model import Change
 from publishers.replica_load import Replica
@@ -36,6 +40,7 @@ from publishers.subscriber import Subscriber
 NAMESPACE = "subbench"
 PARTITION, SECTION, TABLE = "p1", "rows", "bench.rows"
 ROUNDS = 2
+DEFAULT_GC_THRESHOLDS = (700, 10, 10)  # CPython's, restored after a tuned run
 
 
 def row(g: int, version: int) -> dict[str, bytes]:
@@ -86,15 +91,23 @@ class _Jsonpatch(_FromStart):
             docs[key] = document
 
 
-async def _follow(config: RedisConfig, kind: type[_FromStart], last: int) -> tuple[float, float, Replica]:
-    """Read the stream to seq ``last``: (seconds, CPU seconds, the replica)."""
+async def _follow(
+    config: RedisConfig, kind: type[_FromStart], last: int, *, tuned: bool = False
+) -> tuple[float, float, Replica]:
+    """Read the stream to seq ``last`` as an application does (``async for``
+    over ``entries()``): (seconds, CPU seconds, the replica). ``tuned``: with
+    ``publishers.gc_tuning.tune_gc()`` called after the start, as its
+    docstring tells an application holding a replica (undone afterwards)."""
     client = await connect(config)
     try:
         subscriber = kind(client, NAMESPACE, PARTITION, count=1000)
         await subscriber.start()
+        if tuned:
+            tune_gc()
         started, cpu = time.perf_counter(), time.process_time()
-        while subscriber.position < last:
-            await subscriber.poll_entries(block=1.0)
+        async for entry in subscriber.entries():
+            if entry.seq >= last:
+                break
         seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
         if subscriber.reloads:
             raise RuntimeError(
@@ -102,6 +115,9 @@ async def _follow(config: RedisConfig, kind: type[_FromStart], last: int) -> tup
             )
         return seconds, cpu, subscriber.replica
     finally:
+        if tuned:
+            gc.unfreeze()
+            gc.set_threshold(*DEFAULT_GC_THRESHOLDS)
         await close_client(client)
 
 
@@ -129,10 +145,15 @@ def run_subscriber(ctx: Context) -> dict[str, Any]:
     keys = ctx.sizes.ceiling_changes // 4
     config = RedisConfig(url=ctx.env.redis_url, namespace=NAMESPACE, stream_max_len=10 * keys)
     last, expected = asyncio.run(_prepare(config, keys))
-    runs: dict[str, list[tuple[float, float]]] = {"fast": [], "jsonpatch": []}
+    variants = {
+        "fast": (_FromStart, False),
+        "jsonpatch": (_Jsonpatch, False),
+        "fast_tuned_gc": (_FromStart, True),
+    }
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
     for _ in range(ROUNDS):
-        for name, kind in (("fast", _FromStart), ("jsonpatch", _Jsonpatch)):
-            seconds, cpu, replica = asyncio.run(_follow(config, kind, last))
+        for name, (kind, tuned) in variants.items():
+            seconds, cpu, replica = asyncio.run(_follow(config, kind, last, tuned=tuned))
             if replica != expected:
                 raise RuntimeError(f"the {name} subscriber's replica differs from the documents in Redis")
             runs[name].append((seconds, cpu))
@@ -144,5 +165,10 @@ def run_subscriber(ctx: Context) -> dict[str, Any]:
         for name, found in runs.items()
     }
     fast, slow = figures["fast"]["messages_per_second"], figures["jsonpatch"]["messages_per_second"]
-    print(f"  subscriber: {fast:,} messages/s ({slow:,}/s with jsonpatch: {fast / slow:.2f}x)", flush=True)
+    tuned = figures["fast_tuned_gc"]["messages_per_second"]
+    print(
+        f"  subscriber: {fast:,} messages/s ({slow:,}/s with jsonpatch: {fast / slow:.2f}x;"
+        f" {tuned:,}/s with tune_gc)",
+        flush=True,
+    )
     return {"messages": last, "keys": keys, **figures, "fast_vs_jsonpatch": round(fast / slow, 2)}

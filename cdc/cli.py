@@ -214,10 +214,13 @@ def _section(ctx: click.Context, param: click.Parameter, value: str | None) -> s
     "--from-seq",
     type=click.IntRange(min=1),
     default=None,
-    help="Replay the stream from this seq on (seqs start at 1; default: only new messages).",
+    help="Start at the message of this seq, then go on (seqs start at 1; at most the partition's seq + 1;"
+    " default: only messages newer than the start).",
 )
 def subscribe(config_path: str, partition: str, section: str | None, from_seq: int | None) -> None:
-    """Print change messages as JSON lines, catching up from the stream."""
+    """Print change messages as JSON lines, catching up from the stream. A
+    partition or section that has never been written, or a --from-seq past
+    the next message, is an error (exit 2), not a silent wait."""
     from cdc.commands import subscribe as do_subscribe
 
     sys.exit(_run(do_subscribe(_load(config_path), partition, section, from_seq)))

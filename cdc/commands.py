@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -20,23 +19,9 @@ from cdc.snapshot_range import REQUESTED, KeyRange, request_range, run_range
 from cdc.sources import make_source
 from cdc.sources.base import ChangeSource, Finding
 from publishers import control
+from publishers.gc_tuning import tune_gc
 from publishers.manager import DataManager
 from publishers.redaction import mask_passwords
-
-# The cyclic garbage collector's thresholds for the sidecar. Every change is a
-# few short-lived containers (rows, dicts, tuples), none of them cyclic, while
-# up to ``queue_capacity`` changes and a page per table stay alive: with
-# Python's default (700, 10, 10) the collector ran a full collection over all
-# of them every ~10,000 changes and took a quarter of the sidecar's CPU.
-GC_THRESHOLDS = (50_000, 20, 20)
-
-
-def tune_gc() -> None:
-    """Freeze what start-up made (modules, config) out of every collection,
-    and collect young objects rarely (``GC_THRESHOLDS``)."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
 async def run_daemon(config: Config, *, once: bool = False) -> int:
@@ -326,6 +311,7 @@ async def _snapshot_here(config: Config, tables: list[str], key_range: KeyRange 
 
 
 async def subscribe(config: Config, partition: str, section: str | None, from_seq: int | None) -> int:
+    from cdc.subscribe_args import check_subscription
     from publishers.subscriber import Subscriber
 
     # the command line checks these too (click's usage errors); this is for callers in Python
@@ -335,9 +321,12 @@ async def subscribe(config: Config, partition: str, section: str | None, from_se
         raise ConfigError(f"--from-seq: {from_seq} is not a seq (seqs start at 1)")
     manager = await DataManager.connect(config.redis)
     try:
+        await check_subscription(config, manager, partition, section, from_seq)
         subscriber = Subscriber(
             manager.client, config.redis.namespace, partition, section, from_seq, on_reload=_reloaded
         )
+        await subscriber.start()
+        tune_gc()  # the loaded replica is frozen out of every collection
         async for entry in subscriber.entries():
             _print_text(entry.text)
     except (KeyboardInterrupt, asyncio.CancelledError):

@@ -13,6 +13,7 @@ the daemon, the subscriber client and the tests can never disagree::
     ns:@worker:id               hash    heartbeat (with a TTL)
     ns:@workers                 zset    worker id -> when its heartbeat expires (Redis time, ms)
     ns:@partitions:section      set     partition values the section has written
+    ns:@sections                set     sections that have a partitions set (the registry)
     ns:{p}:@fence               hash    table -> highest lease fencing token that wrote here
     ns:@lease:{table}           string  owner id of the table's lease, with a TTL
     ns:@fence:{table}           string  the table's fencing-token counter
@@ -121,6 +122,11 @@ class Layout:
 
     def partitions(self, section: str) -> str:
         return f"{self.namespace}:@partitions:{section}"
+
+    def sections(self) -> str:
+        """``ns:@sections``: every section that has a partitions set, so that
+        readers find them without a SCAN of the keyspace."""
+        return f"{self.namespace}:@sections"
 
     def partitions_pattern(self) -> str:
         """SCAN pattern matching every section's partitions set (namespaces

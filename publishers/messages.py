@@ -47,8 +47,9 @@ def apply_patch(document: Document | None, patch: list[dict[str, Any]]) -> Docum
 
 def stream_seq(entry_id: bytes | str) -> int:
     """The seq of a stream entry id ``<seq>-0``."""
-    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    return int(text.partition("-")[0])
+    if isinstance(entry_id, bytes):
+        return int(entry_id.partition(b"-")[0])  # (int reads ASCII digits from bytes: no decode)
+    return int(entry_id.partition("-")[0])
 
 
 @cache

@@ -71,7 +71,8 @@ def _fast(document: Any, operation: Any) -> Any:
     if op == "replace" or op == "add":
         if "value" not in operation or (op == "replace" and name not in document):
             return _UNFIT
-        document[name] = _copy(operation["value"])
+        value = operation["value"]
+        document[name] = value if type(value) in _SCALARS else _copy(value)  # a column's usual value: kept
         return document
     if op == "remove" and name in document:
         del document[name]

@@ -13,11 +13,10 @@ from publishers.connection import RedisClient
 from publishers.documents import decode_document
 from publishers.layout import Layout
 from publishers.messages import Document
+from publishers.partition_sets import sections_of
 
 Replica = dict[str, dict[str, Document]]
 Call = Callable[[Awaitable[Any]], Awaitable[Any]]  # awaits a command, mapping its errors
-
-_SCAN_COUNT = 10_000
 
 
 class PartitionLoad:
@@ -31,7 +30,8 @@ class PartitionLoad:
         """Seq, the message at seq, and documents, in one atomic read. Without a
         fixed section list the sections are those whose ``ns:@partitions:section``
         names this partition; that set only grows and is written before any
-        document, so when it is the same after the load, no section was missed."""
+        document, so when it is the same after the load, no section was missed;
+        they are found through the registry ``ns:@sections``, not a SCAN."""
         sections = fixed_sections or await self.sections()
         for _ in range(10):
             seq, last, replica = await self._load_sections(sections)
@@ -63,22 +63,10 @@ class PartitionLoad:
         )
 
     async def sections(self) -> list[str]:
-        """Sections that have written this partition."""
-        pattern = self.layout.partitions_pattern()
-        keys = await self._call(_scan(self.client, pattern))
-        if not keys:
-            return []
-        pipe = self.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.sismember(key, self.partition)
-        members = await self._call(pipe.execute())
-        prefix_len = len(pattern) - 1
-        return sorted(key[prefix_len:] for key, member in zip(keys, members, strict=True) if member)
-
-
-async def _scan(client: RedisClient, pattern: str) -> list[str]:
-    """Every key matching ``pattern`` (SCAN, page by page)."""
-    return [redis_calls.text(k) async for k in client.scan_iter(match=pattern, count=_SCAN_COUNT)]
+        """Sections that have written this partition (the sections registry:
+        ``partition_sets.sections_of``)."""
+        found: list[str] = await self._call(sections_of(self.client, self.layout, self.partition))
+        return found
 
 
 def _pairs(flat: Any) -> dict[Any, Any]:

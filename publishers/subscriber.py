@@ -32,55 +32,47 @@ and only those newer than the loaded state are applied to the replica.
 ``async for message in subscriber`` yields messages as dicts (those of
 ``section`` only, when one is given); ``subscriber.entries()`` yields them as
 ``Entry`` (seq, the stream entry's JSON text as stored, and the dict);
-``subscriber.replica`` is ``{section: {key: document}}``. ``BlockingSubscriber``
-wraps it for scripts.
+``subscriber.replica`` is ``{section: {key: document}}``, and moves with the
+messages: each is applied just before it is yielded, so while the
+application handles message N the replica holds exactly the state after N
+(``poll()``, which returns a batch, leaves it at the batch's last message).
+``BlockingSubscriber`` wraps it for scripts (its ``replica`` is a copy).
 
 Values are read exactly (``publishers.exact_json``): integers of any size,
 non-integers a float64 cannot hold as ``Decimal``, any depth of nesting.
+A process holding a large replica: ``publishers.gc_tuning``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import queue
+import concurrent.futures
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+import warnings
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from typing import Any, TypeVar
 
 from jsonpatch import JsonPatchException
 from jsonpointer import JsonPointerException
 from tenacity import AsyncRetrying, retry_if_exception_type
 
-from publishers import connection, exact_json, redis_calls
+from publishers import connection, exact_json, patching, redis_calls
 from publishers.connection import RedisClient
 from publishers.errors import CdcError, TransientError
 from publishers.layout import Layout
-from publishers.messages import Message, apply_patch, decode_message, stream_seq
+from publishers.messages import Document, Message, stream_seq
 from publishers.replica_load import PartitionLoad, Replica
 from publishers.retrying import equal_jitter
 from publishers.settings import RedisConfig
+from publishers.stream_entries import Entry, StreamReads, read_entries
 
+T = TypeVar("T")
 RETRY_WAIT = equal_jitter(0.1, 2.0)  # between attempts while Redis is unavailable: 0.05-0.1 s ... 1-2 s
 
 
 # What a message needs after it is taken (Subscriber._step), and the reload
 # of a gap (entries gone from the stream, or the partition's data replaced).
 _NO_RELOAD, _MARKER, _MISFIT, _GAP = "none", "marker", "misfit", "gap"
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One delivered message: its seq, its JSON text exactly as the stream
-    holds it (UTF-8), and its decoded form."""
-
-    seq: int
-    text: bytes
-    message: Message
-
-
-class _Inconsistent(Exception):
-    """The replica cannot follow on from what was read: reload it."""
 
 
 class Subscriber:
@@ -120,6 +112,7 @@ class Subscriber:
         self._pending: tuple[str, Entry | None] | None = None
         self._started = False
         self._stream = self.layout.stream(partition)
+        self._stream_reads = StreamReads(lambda: self.client, self.layout, partition, self._redis)
 
     @property
     def client(self) -> RedisClient:
@@ -155,93 +148,87 @@ class Subscriber:
     def __aiter__(self) -> AsyncIterator[Message]:
         return self.messages()
 
-    async def messages(self) -> AsyncIterator[Message]:
+    async def messages(self) -> AsyncGenerator[Message, None]:
         """Every message from the start position on, forever, across Redis
         outages (transient errors are retried with a capped, jittered backoff)."""
         async for entry in self.entries():
             yield entry.message
 
-    async def entries(self) -> AsyncIterator[Entry]:
-        """``messages()`` as ``Entry``: with each message's text as stored."""
+    async def entries(self) -> AsyncGenerator[Entry, None]:
+        """``messages()`` as ``Entry`` (with the text as stored), each applied
+        to ``replica`` just before it is yielded (module docstring)."""
         while True:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type(TransientError), wait=RETRY_WAIT
             ):
                 with attempt:
-                    batch = await self.poll_entries()
-            for entry in batch:
-                yield entry
+                    ready, read = await self._read()
+            try:
+                async for entry in self._taken(ready, read):
+                    yield entry
+            except TransientError:
+                pass  # what was not taken is read again, and that read waits out the outage
 
     async def poll(self, block: float | None = None) -> list[Message]:
         """Read what the stream has after the position (waiting up to
         ``block`` seconds for something), update the replica, and return the
-        messages to deliver."""
+        messages to deliver (the replica then reflects the last of them)."""
         return [entry.message for entry in await self.poll_entries(block)]
 
     async def poll_entries(self, block: float | None = None) -> list[Entry]:
-        """``poll()`` as ``Entry``: with each message's text as stored."""
+        """``poll()`` as ``Entry``. A transient error raises, unless messages were
+        taken before it: those are returned, the rest is read again."""
+        ready, read = await self._read(block)
+        out: list[Entry] = []
+        try:
+            async for entry in self._taken(ready, read):
+                out.append(entry)
+        except TransientError:
+            if not out:
+                raise
+        return out
+
+    async def _read(self, block: float | None = None) -> tuple[list[Entry], list[tuple[int, bytes]]]:
+        """The entry of a reload an error had interrupted (done now), and the
+        stream's entries after the position (up to ``block`` s), not applied yet."""
         await self.start()
         if self._pending is not None:
-            return await self._reload_then(*self._pending)
+            return await self._reload_then(*self._pending), []
         block_ms = self.block_ms if block is None else max(1, round(block * 1000))
         reply = await self._redis(
             self.client.xread({self._stream: f"{self.position}-0"}, count=self.count, block=block_ms),
             grace=block_ms / 1000 + redis_calls.SOCKET_TIMEOUT,
         )
-        if not await self._same_stream():
-            return await self._reload_then(_GAP, None)  # what was read belongs to the new data, if anything
-        return await self._take_all(_entries(reply))
-
-    async def _same_stream(self) -> bool:
-        """Whether the stream still holds, at ``position``, the message taken
-        there. If the entry is gone it was trimmed (the gap is found when the
-        next entries are read), unless ``@seq`` fell below the position: the
-        partition's data was replaced."""
-        if self.position == 0 or self._last is None:
-            return True
-        key = f"{self.position}-0"
-        found = await self._redis(self.client.xrange(self._stream, key, key))
-        if found:
-            return _field(found[0][1]) == self._last
-        seq = await self._redis(self.client.get(self.layout.seq(self.partition)))
-        return int(seq or 0) >= self.position
+        if not await self._stream_reads.holds(self.position, self._last):
+            # what was read belongs to the new data, if anything
+            return await self._reload_then(_GAP, None), []
+        return [], read_entries(reply)
 
     # -- following ---------------------------------------------------------
 
-    async def _take_all(self, entries: list[tuple[int, bytes]]) -> list[Entry]:
-        """Take entries in seq order, filling gaps; when a gap cannot be filled,
-        reload and deliver what was taken before it."""
-        out: list[Entry] = []
-        try:
-            for seq, raw in entries:
-                if seq <= self.position:
-                    continue
-                if seq != self.position + 1:
-                    try:
-                        missing = await self._fill(self.position + 1, seq - 1)
-                    except _Inconsistent:
-                        return out + await self._reload_then(_GAP, None)
-                    for entry in missing:
-                        out += await self._take(*entry)
-                # _take inline: no coroutine a message (the reload, rare, is the only await)
-                taken, reload = self._step(seq, raw)
-                if reload is not _NO_RELOAD:
-                    out += await self._reload_then(reload, taken)
-                elif taken is not None:
-                    out.append(taken)
-        except TransientError:
-            if not out:
-                raise
-            # deliver what was taken (the replica holds it); the rest is read again
-        return out
-
-    async def _fill(self, first: int, last: int) -> list[tuple[int, bytes]]:
-        """The entries first..last from the stream, or _Inconsistent if any is gone."""
-        reply = await self._redis(self.client.xrange(self._stream, f"{first}-0", f"{last}-0"))
-        entries = [(stream_seq(i), _field(f)) for i, f in reply]
-        if [seq for seq, _ in entries] != list(range(first, last + 1)):
-            raise _Inconsistent(f"stream entries {first}..{last} are gone")
-        return entries
+    async def _taken(self, ready: list[Entry], read: list[tuple[int, bytes]]) -> AsyncIterator[Entry]:
+        """``ready``, then ``read`` taken in seq order, each applied just before
+        it is yielded; gaps filled from the stream, or reloaded."""
+        for entry in ready:
+            yield entry
+        for seq, raw in read:
+            if seq <= self.position:
+                continue
+            if seq != self.position + 1:
+                missing = await self._stream_reads.fill(self.position + 1, seq - 1)
+                if missing is None:  # gone from the stream
+                    await self._reload_then(_GAP, None)
+                    return
+                for gap_seq, gap_raw in missing:
+                    for entry in await self._take(gap_seq, gap_raw):
+                        yield entry
+            # _take inline: no coroutine a message (the reload, rare, is the only await)
+            taken, reload = self._step(seq, raw)
+            if reload is not _NO_RELOAD:
+                for entry in await self._reload_then(reload, taken):
+                    yield entry
+            elif taken is not None:
+                yield taken
 
     async def _take(self, seq: int, raw: bytes) -> list[Entry]:
         """Apply one message (if newer than the replica) and say whether to deliver it."""
@@ -254,7 +241,7 @@ class Subscriber:
         """``_take`` up to the reload: the entry to deliver (or None), and which
         reload it needs: none, an ``R`` message's (``_MARKER``), or that of a
         patch that did not fit the replica (``_MISFIT``)."""
-        message = decode_message(raw)
+        message: Message = exact_json.loads(raw)  # messages.decode_message, a call less
         self.position, self._last = seq, raw
         section = message.get("section")
         wanted = self.section is None or section == self.section
@@ -276,8 +263,10 @@ class Subscriber:
     def _apply(self, section: str, key: str, patch: list[dict[str, Any]]) -> None:
         """Patch one replica document (``apply_patch`` copies the patch's values,
         so the message handed out never shares objects with the replica)."""
-        docs = self.replica.setdefault(section, {})
-        document = apply_patch(docs.get(key), patch)
+        docs = self.replica.get(section)
+        if docs is None:  # (not setdefault: its default would be a new dict every message)
+            docs = self.replica[section] = {}
+        document = patching.apply_patch(docs.get(key), patch)
         if document is None:
             docs.pop(key, None)
         else:
@@ -332,12 +321,31 @@ class Subscriber:
         return await redis_calls.call(awaitable, self._config.url if self._config else "", grace=grace)
 
 
+class ReplicaCopy(dict[str, dict[str, Document]]):
+    """A copy of a replica, ``{section: {key: document}}``. Calling it returns
+    it, with a ``DeprecationWarning``: ``BlockingSubscriber.replica`` was a
+    method before 0.5 (``sub.replica()``), and is an attribute now, as
+    ``Subscriber.replica`` is; the call goes in 0.6."""
+
+    def __call__(self) -> ReplicaCopy:
+        warnings.warn(
+            "BlockingSubscriber.replica is an attribute since cdc-sync 0.5: write sub.replica, "
+            "not sub.replica() (the call goes in 0.6)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self
+
+
 class BlockingSubscriber:
     """``Subscriber`` on its own thread and event loop, for scripts::
 
     with BlockingSubscriber(config, "app1") as sub:
         for message in sub:
-            print(message, sub.replica())
+            print(message, sub.replica)
+
+    A message is read and applied when ``get`` asks for it, not before, so
+    while the script handles message N, ``replica`` is the state after N.
     """
 
     def __init__(
@@ -351,86 +359,86 @@ class BlockingSubscriber:
         block: float = 1.0,
         start_timeout: float = 30.0,
     ) -> None:
-        self._queue: queue.Queue[Message | BaseException | None] = queue.Queue()
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._task: asyncio.Task[None] | None = None
         self.subscriber = Subscriber(
             config, namespace or config.namespace, partition, section, from_seq, block=block
         )
-        self._thread = threading.Thread(
-            target=self._loop.run_until_complete, args=(self._main(),), daemon=True
-        )
+        self._messages = self.subscriber.messages()
+        self._next: concurrent.futures.Future[Message] | None = None  # get's read, while it runs
+        self._task: asyncio.Task[Message] | None = None  # the same, on the loop
+        self._closed = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="cdc-subscriber")
         self._thread.start()
-        if not self._ready.wait(start_timeout):
-            self.close()
-            raise CdcError(f"the subscriber did not start within {start_timeout:.0f}s")
-        if not self._queue.empty():
-            failure = self._queue.queue[0]
-            if isinstance(failure, BaseException):
-                self.close()
-                raise failure
-
-    async def _main(self) -> None:
-        self._task = asyncio.current_task()
         try:
-            await self.subscriber.start()
-            self._ready.set()
-            async for message in self.subscriber:
-                self._queue.put(message)
-        except asyncio.CancelledError:
-            pass
-        except Exception as exc:  # handed to the reading thread
-            self._queue.put(exc)
-        finally:
-            self._ready.set()
-            self._queue.put(None)
-            await self.subscriber.aclose()
+            self._on_loop(self.subscriber.start()).result(start_timeout)
+        except TimeoutError:
+            self.close()
+            raise CdcError(f"the subscriber did not start within {start_timeout:.0f}s") from None
+        except BaseException:
+            self.close()
+            raise
+
+    def _on_loop(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+
+    async def _next_message(self) -> Message:
+        self._task = asyncio.current_task()
+        return await anext(self._messages)
 
     def get(self, timeout: float | None = None) -> Message | None:
-        """The next message, or None after ``timeout`` seconds or once closed."""
-        try:
-            item = self._queue.get(timeout=timeout)
-        except queue.Empty:
+        """The next message, or None after ``timeout`` seconds or once closed.
+        A read that timed out goes on, and the next ``get`` returns its message."""
+        if self._closed:
             return None
-        if isinstance(item, BaseException):
-            raise item
-        return item
+        if self._next is None:
+            self._next = self._on_loop(self._next_message())
+        try:
+            return self._next.result(timeout)
+        except TimeoutError:
+            if not self._next.done():
+                return None
+            raise
+        except StopAsyncIteration:
+            return None
+        finally:
+            if self._next.done():
+                self._next = None
 
     def __iter__(self) -> Iterator[Message]:
         while (message := self.get()) is not None:
             yield message
 
-    def replica(self) -> Replica:
-        """A copy of the replica, taken on the subscriber's loop."""
+    @property
+    def replica(self) -> ReplicaCopy:
+        """A copy of the replica (taken on the subscriber's loop): the state
+        after the message ``get`` returned last, unless a ``get`` timed out
+        since (its read goes on: the copy may then hold the next message)."""
 
-        async def snapshot() -> Replica:
-            copied: Replica = exact_json.copy(self.subscriber.replica)  # deepcopy recurses
-            return copied
+        async def copy() -> ReplicaCopy:
+            return ReplicaCopy(exact_json.copy(self.subscriber.replica))  # deepcopy recurses
 
-        return asyncio.run_coroutine_threadsafe(snapshot(), self._loop).result()
+        return self._on_loop(copy()).result()
 
     def close(self) -> None:
-        if self._task is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._task.cancel)
+        """Stop reading, close the connection, end the thread."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._loop.is_running():
+            self._on_loop(self._shutdown()).result()
+            self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
+
+    async def _shutdown(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self._messages.aclose()
+        await self.subscriber.aclose()
 
     def __enter__(self) -> BlockingSubscriber:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _entries(reply: Any) -> list[tuple[int, bytes]]:
-    """XREAD's reply for our one stream as (seq, message text) pairs."""
-    if not reply:
-        return []
-    items = next(iter(reply.values()))[0] if isinstance(reply, dict) else reply[0][1]  # RESP3 / RESP2
-    return [(stream_seq(entry_id), _field(fields)) for entry_id, fields in items]
-
-
-def _field(fields: Any) -> bytes:
-    value = fields.get(b"m") if b"m" in fields else fields.get("m")
-    return value if isinstance(value, bytes) else str(value).encode()

@@ -127,6 +127,23 @@ async def test_subscribe_prints_json_lines_from_the_stream(tracked: Path, namesp
     assert [(m["seq"], m["op"], m["section"]) for m in lines] == [(1, "R", "lines")]
 
 
+async def test_subscribe_refuses_what_was_never_written_instead_of_waiting(tracked: Path) -> None:
+    """A typo in --partition or --section, or a --from-seq past the next
+    message, would print nothing forever: each is a usage error (exit 2)."""
+    assert cdc("run", "-c", str(tracked), "--once").returncode == 0
+    typo = cdc("subscribe", "-c", str(tracked), "--partition", "order")
+    assert typo.returncode == 2 and typo.stdout == ""
+    assert "--partition 'order': no section has written this partition in namespace" in typo.stderr
+    assert "did you mean 'orders'?" in typo.stderr
+    section = cdc("subscribe", "-c", str(tracked), "--partition", "orders", "--section", "line")
+    assert section.returncode == 2
+    assert "--section 'line': this section has never written partition 'orders'" in section.stderr
+    assert "the sections that have: lines" in section.stderr
+    ahead = cdc("subscribe", "-c", str(tracked), "--partition", "orders", "--from-seq", "3")
+    assert ahead.returncode == 2
+    assert "--from-seq 3: partition 'orders' is at seq 1, so its next message is seq 2" in ahead.stderr
+
+
 async def test_doctor_warns_about_an_eviction_policy(tracked: Path, tmp_path: Path, redis_url: str) -> None:
     lru = RedisServer(extra=("--maxmemory", "100mb")).start()
     try:

@@ -298,3 +298,19 @@ async def test_a_channel_the_acl_refuses_blocks_before_anything_is_written(
     await grant(admin, "~*", "&*")
     assert (await bob.apply([upsert("1", 1, "p1", Id=1)])).published == 1
     assert await seqs_of_stream(admin, "p1") == [1]
+
+
+async def test_a_damaged_sections_registry_blocks_only_new_registrations(manager: DataManager) -> None:
+    """``ns:@sections`` names every section with a partitions set: a
+    partition is not written before its section is named there."""
+    await manager.apply([upsert("1", 1, "known", Id=1)])
+    registry = manager.layout.sections()
+    await manager.client.delete(registry)
+    await manager.client.set(registry, "x")
+    result = await manager.apply([upsert("2", 2, "known", Id=2), upsert("1", 2, "new", Id=1)])
+    assert [(b.change.partition, b.change.section) for b in result.blocked] == [("new", SECTION)]
+    assert result.blocked[0].reason.startswith(
+        f"Redis layout is damaged: {registry} cannot be written (WRONGTYPE"
+    )
+    assert set(await manager.documents("known", SECTION)) == {"1", "2"}
+    assert await manager.documents("new", SECTION) == {}

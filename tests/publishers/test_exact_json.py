@@ -92,6 +92,33 @@ def test_a_number_orjson_would_get_wrong_is_never_left_to_it(text: str) -> None:
     assert same([read, loads(text)])
 
 
+# Tokens as a message holds them: numbers of every kind, doubles as a source
+# writes them (shortest spelling), 64-bit integers, and strings with digit runs
+# and hex (a UUID's "8888e10578" looks like an exponent).
+tokens = st.one_of(
+    numbers,
+    st.floats(allow_nan=False, allow_infinity=False).map(lambda f: orjson.dumps(f).decode()),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1).map(str),
+    st.integers(min_value=2**63 - 2**10, max_value=2**65).map(lambda i: str(i) if i % 2 else str(-i)),
+    st.from_regex(r'"[0-9a-f.eE+ -]{0,40}"', fullmatch=True),
+)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.lists(tokens, min_size=1, max_size=8), st.sampled_from([",", ", "]))
+def test_a_text_is_left_to_orjson_only_when_it_reads_every_number_exactly(
+    items: list[str], comma: str
+) -> None:
+    """``at_risk`` settles the usual runs inline (an integer of up to 18
+    digits, a double's shortest spelling): whenever it says a text is safe,
+    orjson reads every value of it as the exact path does, type and value."""
+    text = "[" + comma.join(items) + "]"
+    if at_risk(text.encode()):
+        return
+    fast, exact = orjson.loads(text), _exact(text)
+    assert [(type(v), v) for v in fast] == [(type(v), v) for v in exact], text
+
+
 def test_texts_without_numbers_at_risk_take_the_fast_path() -> None:
     """UUIDs (hex digits, 'e' before digits), timestamps and bigints within 64 bits."""
     message = (

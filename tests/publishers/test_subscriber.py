@@ -10,9 +10,11 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import jsonpatch
 import jsonschema
 import orjson
 import pytest
+from redis.asyncio.cluster import RedisCluster
 
 from cdc.config import RedisConfig
 from publishers.connection import close_client, connect
@@ -263,6 +265,7 @@ def test_the_blocking_wrapper(redis_url: str, namespace: str) -> None:
     asyncio.run(write(10))
     with BlockingSubscriber(config, P, block=0.2) as subscriber:
         start = subscriber.subscriber.seq
+        assert subscriber.get(timeout=0.3) is None  # nothing yet: its read goes on, and brings the first
         asyncio.run(write(20, 30))
         received = []
         while len(received) < 10:
@@ -270,7 +273,7 @@ def test_the_blocking_wrapper(redis_url: str, namespace: str) -> None:
             assert message is not None, "no message within 10 s"
             received.append(message)
         assert [m["seq"] for m in received] == list(range(start + 1, start + 11))
-        copy = subscriber.replica()
+        copy = subscriber.replica
 
     async def documents() -> dict[str, Any]:
         manager = await DataManager.connect(config)
@@ -396,3 +399,100 @@ async def test_a_start_from_history_that_fails_starts_again(
     delivered += await catch_up(subscriber, manager)
     assert failed == [2] and [m["seq"] for m in delivered] == list(range(2, subscriber.seq + 1))
     assert replica(subscriber) == await in_redis(manager)
+
+
+def steps(count: int) -> list[Change]:
+    """``count`` changes over three keys: each inserts or updates its key's
+    ``Step`` to its own number (more than a read's 1,000 entries)."""
+    return [change("alpha", str(i % 3), i, "I" if i < 3 else "U", Step=i) for i in range(count)]
+
+
+async def test_the_replica_is_the_state_of_the_message_being_handled(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    """While the application handles message N (``async for``), the replica
+    holds exactly messages 1..N: not the rest of the read (up to 1,000)."""
+    subscriber = Subscriber(manager.client, redis_config.namespace, P)
+    await subscriber.start()  # loaded before the writes: it follows all of them
+    await manager.apply(steps(2500))
+    expected: dict[str, Any] = {}
+    async with asyncio.timeout(30):
+        async for message in subscriber:
+            expected[message["key"]] = jsonpatch.apply_patch(expected.get(message["key"]), message["patch"])
+            assert subscriber.replica == {"alpha": expected}, f"while handling seq {message['seq']}"
+            if message["seq"] == 2500:
+                break
+    assert replica(subscriber) == await in_redis(manager)
+
+
+def test_the_blocking_replica_is_the_state_of_the_message_being_handled(
+    redis_url: str, namespace: str
+) -> None:
+    config = RedisConfig(url=redis_url, namespace=namespace)
+
+    async def write() -> None:
+        manager = await DataManager.connect(config)
+        try:
+            await manager.apply(steps(1200))
+        finally:
+            await manager.close()
+
+    with BlockingSubscriber(config, P, block=0.2) as subscriber:
+        asyncio.run(write())
+        expected: dict[str, Any] = {}
+        while len(expected) < 3 or expected["2"]["Step"] != 1199:
+            message = subscriber.get(timeout=10)
+            assert message is not None, "no message within 10 s"
+            expected[message["key"]] = jsonpatch.apply_patch(expected.get(message["key"]), message["patch"])
+            assert subscriber.replica == {"alpha": expected}, f"while handling seq {message['seq']}"
+        with pytest.warns(DeprecationWarning, match="is an attribute since cdc-sync 0.5"):
+            called = subscriber.replica()  # 0.4's spelling, kept for one release
+        assert called == {"alpha": expected}
+
+
+async def scans(manager: DataManager) -> int:
+    """How many SCAN commands the server (every node of a cluster) has run."""
+    if isinstance(manager.client, RedisCluster):
+        nodes = await manager.client.info("commandstats", target_nodes=RedisCluster.ALL_NODES)
+        return sum(int(stats.get("cmdstat_scan", {}).get("calls", 0)) for stats in nodes.values())
+    stats = await manager.client.info("commandstats")
+    return int(stats.get("cmdstat_scan", {}).get("calls", 0))
+
+
+async def test_a_subscriber_finds_the_sections_without_scanning_the_keyspace(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    await manager.apply(batch(10) + batch(20, section="beta"))
+    before = await scans(manager)
+    subscriber = Subscriber(manager.client, redis_config.namespace, P)
+    await subscriber.start()
+    assert await scans(manager) == before
+    assert replica(subscriber) == await in_redis(manager)
+    assert set(subscriber.replica) == {"alpha", "beta"}
+    assert await manager.client.smembers(manager.layout.sections()) == {b"alpha", b"beta"}
+
+
+async def test_a_redis_written_before_the_sections_registry_is_followed_then_filled(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    """Sidecars before 0.5 wrote no ``ns:@sections``: a subscriber scans, as
+    0.4's did, and the first sidecar of 0.5 fills the registry with every
+    section, those it does not write too."""
+    await manager.apply(batch(10) + batch(20, section="beta"))
+    await manager.client.delete(manager.layout.sections())  # as 0.4 left it
+    old = Subscriber(manager.client, redis_config.namespace, P)
+    await old.start()
+    assert set(old.replica) == {"alpha", "beta"}
+
+    upgraded = await DataManager.connect(redis_config)  # a new sidecar process
+    try:
+        await upgraded.apply([change("alpha", "new", 99, "I", Price="1")])  # only alpha is written
+    finally:
+        await upgraded.close()
+    assert await manager.client.smembers(manager.layout.sections()) == {b"alpha", b"beta"}
+    before = await scans(manager)
+    subscriber = Subscriber(manager.client, redis_config.namespace, P)
+    await subscriber.start()
+    assert await scans(manager) == before
+    assert replica(subscriber) == await in_redis(manager)
+    assert set(subscriber.replica) == {"alpha", "beta"}
