@@ -1,0 +1,271 @@
+"""The consumer-group client against real Redis (one server and a cluster),
+in one process: messages shared by consumers, each handled once and
+acknowledged, documents in seq order, retries and the dead letter, a
+consumer presumed dead, trimming reported, a graceful stop. The test with
+processes and a SIGKILL is test_consumers_processes.py."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+import pytest
+
+from cdc.config import RedisConfig
+from publishers.consumer import Consumer, ConsumerSettings, Delivery, Lost, MessagesLost
+from publishers.manager import DataManager
+from publishers.model import Change
+
+P = "app{1}"  # a partition value that needs encoding inside keys
+GROUP = "indexer"
+
+
+def change(section: str, key: str, version: int) -> Change:
+    values = {"n": orjson.dumps(version)}
+    return Change(f"dbo.{section}", P, section, key, "U", version, values)  # type: ignore[arg-type]
+
+
+async def publish(
+    manager: DataManager, docs: int, rounds: int, first: int = 1, section: str = "alpha"
+) -> None:
+    """``rounds`` changes of each of ``docs`` documents, interleaved."""
+    for r in range(rounds):
+        await manager.apply([change(section, f"d{d}", first + r * docs + d) for d in range(docs)])
+
+
+@pytest.fixture
+async def manager(redis_config: RedisConfig) -> AsyncIterator[DataManager]:
+    manager = await DataManager.connect(redis_config)
+    yield manager
+    await manager.close()
+
+
+def settings(**overrides: Any) -> ConsumerSettings:
+    base: dict[str, Any] = {
+        "group": GROUP,
+        "dead_letter": "app:consumer-dead",
+        "sections": ["alpha"],
+        "claim_after": 1.0,
+        "retry_first": 0.01,
+        "retry_cap": 0.05,
+        "block": 0.2,
+        "max_deliveries": 3,
+        "max_in_flight": 8,
+    }
+    return ConsumerSettings(**{**base, **overrides})
+
+
+class Record:
+    """What handlers saw: (document, seq, deliveries, consumer) in the order they ran."""
+
+    def __init__(self, poison: str = "") -> None:
+        self.runs: list[tuple[str, int, int, str]] = []
+        self.done: list[tuple[str, int]] = []
+        self.poison = poison
+        self.running: set[str] = set()
+        self.overlaps = 0
+
+    async def handler(self, delivery: Delivery) -> None:
+        key = delivery.message["key"]
+        self.runs.append((key, delivery.seq, delivery.deliveries, delivery.consumer))
+        if key in self.running:
+            self.overlaps += 1
+        self.running.add(key)
+        try:
+            await asyncio.sleep(random.uniform(0, 0.003))
+            if key == self.poison:
+                raise ValueError(f"cannot index {key}")
+        finally:
+            self.running.discard(key)
+        self.done.append((key, delivery.seq))
+
+
+async def seq_of(manager: DataManager) -> int:
+    return int(await manager.client.get(manager.layout.seq(P)) or 0)
+
+
+async def until(condition: Callable[[], Awaitable[bool]], timeout: float = 20) -> None:
+    """Wait for ``condition`` (polling Redis: no event to wait on), failing after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not await condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+async def pending(manager: DataManager) -> int:
+    info = await manager.client.xpending(manager.layout.stream(P), GROUP)
+    return int(info["pending"])
+
+
+def in_order(record: Record) -> None:
+    by_doc: dict[str, list[int]] = {}
+    for key, seq in record.done:
+        by_doc.setdefault(key, []).append(seq)
+    for key, seqs in by_doc.items():
+        assert seqs == sorted(seqs), f"{key} handled out of order: {seqs}"
+
+
+async def test_two_consumers_share_the_work_once_each_in_document_order(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    record = Record(poison="d3")
+    consumers = [
+        Consumer(
+            manager.client,
+            redis_config.namespace,
+            settings(consumer=f"c{i}", max_in_flight=2),
+            record.handler,
+        )
+        for i in range(2)
+    ]
+    runs = [asyncio.create_task(c.run()) for c in consumers]
+    await publish(manager, docs=6, rounds=10)
+    total = await seq_of(manager)
+    dead = manager.client
+
+    async def finished() -> bool:
+        handled = len(record.done) + await dead.xlen("app:consumer-dead")
+        return handled >= total and await pending(manager) == 0
+
+    await until(finished)
+    for c in consumers:
+        c.stop()
+    await asyncio.gather(*runs)
+    assert sorted(seq for _, seq in record.done) == [s for s in range(1, total + 1) if (s - 1) % 6 != 3]
+    in_order(record)
+    assert record.overlaps == 0
+    letters = await dead.xrange("app:consumer-dead")
+    assert len(letters) == 10
+    for _, fields in letters:
+        assert fields[b"reason"] == b"ValueError: cannot index d3"
+        assert fields[b"deliveries"] == b"3" and fields[b"group"] == GROUP.encode()
+        assert orjson.loads(fields[b"message"])["key"] == "d3"
+    assert [d for k, _, d, _ in record.runs if k == "d3"] == [1, 2, 3] * 10
+
+
+async def test_a_dead_consumers_messages_are_claimed_in_order(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    """A consumer that stops heart-beating with messages taken: another one
+    claims them after ``claim_after`` and runs them, documents in order."""
+    record = Record()
+    stuck = asyncio.Event()
+
+    async def hangs(delivery: Delivery) -> None:
+        await stuck.wait()
+
+    doomed = Consumer(manager.client, redis_config.namespace, settings(consumer="doomed"), hangs)
+    task = asyncio.create_task(doomed.run())
+    await publish(manager, docs=3, rounds=4)
+    await until(lambda: _true(doomed.work is not None and doomed.work.held == 8))
+    for frozen in doomed._heart + doomed._readers:  # frozen: no heartbeat, no reading, no leaving
+        frozen.cancel()
+    heir = Consumer(manager.client, redis_config.namespace, settings(consumer="heir"), record.handler)
+    run = asyncio.create_task(heir.run())
+    total = await seq_of(manager)
+    await until(lambda: _true(len(record.done) >= total))
+    await until(lambda: _equal(pending(manager), 0))
+    heir.stop()
+    await run
+    assert sorted(seq for _, seq in record.done) == list(range(1, total + 1))
+    in_order(record)
+    claimed = [d for _, seq, d, _ in record.runs if seq <= 8]
+    assert claimed == [2] * 8  # delivered to the dead one, then to the heir
+    stuck.set()  # the frozen one wakes up: its acknowledgements are refused (the heir holds them)
+    doomed.stop()
+    await task
+    assert doomed.work is not None and doomed.work.handled == 0
+    assert await pending(manager) == 0
+
+
+async def test_a_stream_trimmed_past_the_group_is_reported(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    """Entries trimmed before the group read them are reported (``on_lost``),
+    exactly; without ``on_lost`` the consumer stops with ``MessagesLost``."""
+    record = Record()
+    await publish(manager, docs=2, rounds=1)  # seqs 1-2, before the group: not its to lose
+
+    async def run_once(group: str, on_lost: Callable[[Lost], None] | None) -> Consumer:
+        consumer = Consumer(
+            manager.client,
+            redis_config.namespace,
+            settings(group=group, start="new"),
+            record.handler,
+            on_lost=on_lost,
+        )
+        run = asyncio.create_task(consumer.run())
+        await until(lambda: _true(len(consumer._registered) == 1))
+        consumer.stop()
+        await run
+        return consumer
+
+    for group in ("reported", "silent"):
+        await run_once(group, None)  # the group starts after seq 2
+    await publish(manager, docs=2, rounds=5, first=10)  # seqs 3-12
+    await manager.client.xtrim(manager.layout.stream(P), maxlen=2, approximate=False)
+
+    lost: list[Lost] = []
+    consumer = Consumer(
+        manager.client,
+        redis_config.namespace,
+        settings(group="reported"),
+        record.handler,
+        on_lost=lost.append,
+    )
+    run = asyncio.create_task(consumer.run())
+    await until(lambda: _true(len(record.done) == 2))
+    consumer.stop()
+    await run
+    assert lost == [Lost(P, "3-10", "trimmed from the stream before the group handled it")]
+    assert sorted(seq for _, seq in record.done) == [11, 12]
+
+    silent = Consumer(manager.client, redis_config.namespace, settings(group="silent"), record.handler)
+    with pytest.raises(MessagesLost, match="3-10"):
+        async with asyncio.timeout(10):
+            await silent.run()
+
+
+async def test_stop_finishes_running_handlers_and_leaves_the_rest_to_others(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+    finished: list[int] = []
+
+    async def slow(delivery: Delivery) -> None:
+        started.set()
+        await release.wait()
+        finished.append(delivery.seq)
+
+    first = Consumer(
+        manager.client, redis_config.namespace, settings(consumer="first", max_in_flight=4), slow
+    )
+    run = asyncio.create_task(first.run())
+    await publish(manager, docs=1, rounds=6)
+    await started.wait()
+    first.stop()
+    await asyncio.sleep(0.1)
+    assert not run.done()  # waits for the running handler
+    release.set()
+    await run
+    assert finished == [1]  # the running one finished and was acknowledged; the others stay pending
+    assert await pending(manager) == 3
+    record = Record()
+    second = Consumer(manager.client, redis_config.namespace, settings(consumer="second"), record.handler)
+    run = asyncio.create_task(second.run())
+    await until(lambda: _true(len(record.done) == 5), timeout=5)  # claimed at once: the first one left
+    second.stop()
+    await run
+    assert [seq for _, seq in record.done] == [2, 3, 4, 5, 6]
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _equal(value: Awaitable[int], expected: int) -> bool:
+    return await value == expected
