@@ -7,9 +7,12 @@ processes and a SIGKILL is test_consumers_processes.py."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -269,3 +272,35 @@ async def _true(value: bool) -> bool:
 
 async def _equal(value: Awaitable[int], expected: int) -> bool:
     return await value == expected
+
+
+async def test_the_example_in_consumers_md_runs_as_written(redis_url: str, namespace: str) -> None:
+    """The documented example, with this test's Redis and namespace and its
+    index functions recording: it handles inserts, updates and deletes, and
+    stops gracefully on SIGTERM."""
+    text = Path(__file__).parents[2].joinpath("docs", "CONSUMERS.md").read_text(encoding="utf-8")
+    example = text.split("```python\n", 1)[1].split("```", 1)[0]
+    example = example.replace("redis://127.0.0.1:6379/0", redis_url).replace('"cdc"', f'"{namespace}"')
+    assert "asyncio.run(main())" in example
+    scope: dict[str, Any] = {}
+    exec(compile(example.replace("asyncio.run(main())", ""), "CONSUMERS.md", "exec"), scope)
+    seen: list[tuple[str, str]] = []
+
+    async def index(section: str, key: str, patch: list[Any], version: int) -> None:
+        seen.append(("index", key))
+
+    async def delete_from_index(section: str, key: str, version: int) -> None:
+        seen.append(("delete", key))
+
+    scope.update(index=index, delete_from_index=delete_from_index)
+    manager = await DataManager.connect(RedisConfig(url=redis_url, namespace=namespace))
+    try:
+        await manager.apply([change("forecasts", "a", 1), change("forecasts", "a", 2)])
+        await manager.apply([Change("dbo.forecasts", P, "forecasts", "a", "D", 3, None)])
+        run = asyncio.create_task(scope["main"]())
+        await until(lambda: _true(len(seen) == 3))
+        os.kill(os.getpid(), signal.SIGTERM)  # the example's consumer handles it: a graceful stop
+        await asyncio.wait_for(run, 10)
+    finally:
+        await manager.close()
+    assert seen == [("index", "a"), ("index", "a"), ("delete", "a")]
