@@ -128,7 +128,8 @@ class Consumer:
         self.lost: list[Lost] = []
         self.work: Work | None = None
         self._groups: dict[str, GroupPartition] = {}
-        self._registered: set[str] = set()
+        self._registered: set[str] = set()  # partitions this consumer has taken from
+        self._recover: set[str] = set()  # partitions where its own pending entries are to be taken again
         self._readers: list[asyncio.Task[None]] = []
         self._heart: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
@@ -237,9 +238,13 @@ class Consumer:
                 continue
             try:
                 partition = group.partition
-                taken = await group.take(
-                    self.name, room, ttl, partition in self._registered, list(s.sections)
+                known, recover = (
+                    partition in self._registered,
+                    partition not in self._registered or partition in self._recover,
                 )
+                self._recover.add(partition)  # until the reply is here: lost, it may have taken entries
+                taken = await group.take(self.name, room, ttl, known, list(s.sections), recover)
+                self._recover.discard(partition)
                 self._registered.add(partition)
                 self._took(group, taken.entries, taken.lost, taken.reaped)
                 if not taken.entries:

@@ -72,17 +72,21 @@ class GroupPartition:
     async def create(self, start: str) -> bool:
         """Create the group (``start``: ``all`` the stream holds, or ``new``
         only); False if it existed."""
-        reply = await self._run(scripts.CONSUME_CREATE, [self.stream], [self.group, start])
+        keys = [self.stream, self.holders, self.docs, self.inbox]
+        reply = await self._run(scripts.CONSUME_CREATE, keys, [self.group, start])
         return bool(reply)
 
     async def take(
-        self, consumer: str, room: int, ttl_ms: int, registered: bool, sections: list[str]
+        self, consumer: str, room: int, ttl_ms: int, registered: bool, sections: list[str], recover: bool
     ) -> Taken:
         """Take up to ``room`` entries (more when a dead consumer's are taken
-        over: those come whole). Raises ``GroupGone`` when the group is missing."""
+        over: those come whole). ``registered``: this consumer has taken here
+        before (so a missing liveness entry means it was presumed dead);
+        ``recover``: take its own pending entries again (after a restart, or a
+        take whose reply was lost). Raises ``GroupGone`` when the group is missing."""
         keys = [self.stream, self.holders, self.docs, self.inbox, self.alive, self.seq]
         wanted = "\n".join(orjson.dumps(s).decode() for s in sections)
-        args = [self.group, consumer, room, ttl_ms, int(registered), wanted]
+        args = [self.group, consumer, room, ttl_ms, int(registered), wanted, int(recover)]
         out, lost, reaped, last = await self._run(scripts.CONSUME_TAKE, keys, args)
         entries = [
             (redis_calls.text(out[i]), bytes(out[i + 1]), int(out[i + 2])) for i in range(0, len(out), 3)

@@ -111,10 +111,16 @@ class Work:
         self.stopping = asyncio.Event()  # no new message starts; a retry's wait ends
         self.freed = asyncio.Event()  # a held message was finished
         self._docs: dict[tuple[str, Any], _Document] = {}
+        self._ids: set[tuple[str, str]] = set()  # (partition, entry id) of every message held
         self._groups: dict[str, GroupPartition] = {}
 
     def add(self, group: GroupPartition, delivery: Delivery) -> None:
-        """Hold a message; it runs after the messages of its document held before it."""
+        """Hold a message; it runs after the messages of its document held
+        before it. One held already (taken again when a take's reply was lost)
+        is not held twice."""
+        if (delivery.partition, delivery.id) in self._ids:
+            return
+        self._ids.add((delivery.partition, delivery.id))
         self._groups[delivery.partition] = group
         message = delivery.message
         key = (
@@ -135,6 +141,7 @@ class Work:
         for (where, _), doc in self._docs.items():
             if where == partition:
                 self.held -= len(doc.waiting)
+                self._ids -= {(where, d.id) for d in doc.waiting}
                 doc.waiting.clear()
         self.freed.set()
 
@@ -150,6 +157,7 @@ class Work:
                 await self._handle(delivery)
                 if doc.waiting and doc.waiting[0] is delivery:
                     doc.waiting.pop(0)
+                    self._ids.discard((delivery.partition, delivery.id))
                     self.held -= 1
                     self.freed.set()
         finally:

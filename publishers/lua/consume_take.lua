@@ -16,6 +16,9 @@ KEYS[6] ns:{p}:@seq              the partition's last seq (apply.lua moves it wi
 ARGV[1] group   ARGV[2] consumer   ARGV[3] how many entries to take at most
 ARGV[4] liveness TTL (ms)   ARGV[5] 1 if this consumer was registered here before
 ARGV[6] sections wanted, each as JSON text, separated by "\n" ("": all)
+ARGV[7] 1 to take this consumer's own pending entries again: its first take
+        (a restarted process of the same name), or after a take whose reply
+        was lost (a dropped connection)
 
 Returns {entries, lost, reaped, last}: entries a flat list of
 id, message, delivery count; lost a flat list of "first-last" seq ranges
@@ -90,10 +93,11 @@ end
 
 local function seq_of(id) return tonumber(string.match(id, '^(%d+)')) end
 
--- a dead consumer's pending entries, all at once (so that no document's
--- entries are split between two holders), become this consumer's
-local function reap(dead)
-  local pending = call('XPENDING', stream, group, '-', '+', 1000000, dead)
+-- a consumer's pending entries, all at once (so that no document's entries
+-- are split between two holders), become this consumer's, with one more
+-- delivery each; a dead consumer then leaves the group
+local function reap(owner)
+  local pending = call('XPENDING', stream, group, '-', '+', 1000000, owner)
   for i = 1, #pending, 500 do
     local ids, counts = {}, {}
     for j = i, math.min(i + 499, #pending) do
@@ -116,10 +120,14 @@ local function reap(dead)
       if not present[id] then release(id); lost[#lost + 1] = id end  -- trimmed: XCLAIM dropped it
     end
   end
-  call('ZREMRANGEBYLEX', inbox, '[' .. dead .. '\0', '(' .. dead .. '\1')
-  call('HDEL', alive, dead)
-  call('XGROUP', 'DELCONSUMER', stream, group, dead)
+  call('ZREMRANGEBYLEX', inbox, '[' .. owner .. '\0', '(' .. owner .. '\1')
+  if owner ~= me then
+    call('HDEL', alive, owner)
+    call('XGROUP', 'DELCONSUMER', stream, group, owner)
+  end
 end
+
+if ARGV[7] == '1' then reap(me) end
 
 local everyone = call('HGETALL', alive)
 for i = 1, #everyone, 2 do

@@ -56,6 +56,7 @@ def settings(**overrides: Any) -> ConsumerSettings:
         "retry_first": 0.01,
         "retry_cap": 0.05,
         "block": 0.2,
+        "discover_every": 0.2,  # consumers start before the partition exists
         "max_deliveries": 3,
         "max_in_flight": 8,
     }
@@ -304,3 +305,62 @@ async def test_the_example_in_consumers_md_runs_as_written(redis_url: str, names
     finally:
         await manager.close()
     assert seen == [("index", "a"), ("index", "a"), ("delete", "a")]
+
+
+async def test_a_consumer_restarted_under_its_name_runs_its_pending_messages_first(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    """A process that died and came back (same ``consumer`` name, e.g. a pod's)
+    before ``claim_after``: nobody claims its messages, so it takes them again
+    itself, and its documents stay in order."""
+    stuck = asyncio.Event()
+
+    async def hangs(delivery: Delivery) -> None:
+        await stuck.wait()
+
+    first = Consumer(
+        manager.client, redis_config.namespace, settings(consumer="pod-0", claim_after=60), hangs
+    )
+    task = asyncio.create_task(first.run())
+    await publish(manager, docs=3, rounds=4)
+    await until(lambda: _true(first.work is not None and first.work.held == 8))
+    for frozen in first._heart + first._readers:  # the process is gone
+        frozen.cancel()
+    record = Record()
+    again = Consumer(
+        manager.client, redis_config.namespace, settings(consumer="pod-0", claim_after=60), record.handler
+    )
+    run = asyncio.create_task(again.run())
+    await until(lambda: _true(len(record.done) == 12), timeout=10)  # well before claim_after
+    await until(lambda: _equal(pending(manager), 0))
+    again.stop()
+    await run
+    in_order(record)
+    assert sorted(seq for _, seq in record.done) == list(range(1, 13))
+    assert [d for _, seq, d, _ in record.runs if seq <= 8] == [2] * 8
+    stuck.set()
+    first.stop()
+    await task
+
+
+async def test_a_group_that_vanished_is_reported_and_created_again(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    """The stream deleted (as when Redis restarts empty): the group goes with
+    it. The consumer reports it and goes on in a new group."""
+    record, lost = Record(), []
+    consumer = Consumer(
+        manager.client, redis_config.namespace, settings(), record.handler, on_lost=lost.append
+    )
+    run = asyncio.create_task(consumer.run())
+    await publish(manager, docs=2, rounds=2)
+    await until(lambda: _true(len(record.done) == 4))
+    await manager.client.delete(manager.layout.stream(P))
+    await publish(manager, docs=2, rounds=2, first=10)
+    await until(lambda: _true(len(record.done) == 8))
+    consumer.stop()
+    await run
+    assert [(item.partition, item.what) for item in lost] == [(P, "all")]
+    assert "missing" in lost[0].reason
+    assert sorted(seq for _, seq in record.done[4:]) == [5, 6, 7, 8]
+    assert await pending(manager) == 0
