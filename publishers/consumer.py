@@ -36,14 +36,17 @@ from typing import Any
 
 from publishers import connection, redis_calls
 from publishers.connection import RedisClient
-from publishers.consumer_group import GroupGone, GroupPartition, check_name
-from publishers.consumer_work import Delivery, Handler, Policy, Work, backoff, persist
+from publishers.consumer_group import GroupGone, GroupPartition, backoff, check_name, persist
+from publishers.consumer_work import Delivery, Handler, Policy, Work
 from publishers.errors import CdcError, TransientError
 from publishers.layout import Layout
 from publishers.messages import decode_message, stream_seq
 from publishers.settings import RedisConfig
 
 log = logging.getLogger("publishers.consumer")
+
+TAKES_AT_ONCE = 16
+WAITS_AT_ONCE = 16
 
 __all__ = ["Consumer", "ConsumerSettings", "Delivery", "Lost", "MessagesLost"]
 
@@ -133,6 +136,12 @@ class Consumer:
         self._readers: list[asyncio.Task[None]] = []
         self._heart: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
+        # pooled connections are few (redis-py's pool: 100) and a section may
+        # have hundreds of partitions: bounded takes at once, and blocking
+        # waits (one connection each for up to ``block``); a partition that
+        # finds every wait slot taken sleeps instead
+        self._takes = asyncio.Semaphore(TAKES_AT_ONCE)
+        self._waits = asyncio.Semaphore(WAITS_AT_ONCE)
         self._failure: CdcError | None = None
 
     @property
@@ -243,12 +252,13 @@ class Consumer:
                     partition not in self._registered or partition in self._recover,
                 )
                 self._recover.add(partition)  # until the reply is here: lost, it may have taken entries
-                taken = await group.take(self.name, room, ttl, known, list(s.sections), recover)
+                async with self._takes:
+                    taken = await group.take(self.name, room, ttl, known, list(s.sections), recover)
                 self._recover.discard(partition)
                 self._registered.add(partition)
                 self._took(group, taken.entries, taken.lost, taken.reaped)
                 if not taken.entries:
-                    await group.wait(taken.last, block_ms)
+                    await self._wait(group, taken.last, block_ms)
                 failures = 0
             except GroupGone as exc:
                 self._report(Lost(group.partition, "all", str(exc)))
@@ -257,6 +267,15 @@ class Consumer:
                 failures += 1
                 log.warning("reading %s: %s (retrying)", group.stream, exc)
                 await asyncio.sleep(backoff(failures, 0.1, 2.0))
+
+    async def _wait(self, group: GroupPartition, last: int, block_ms: int) -> None:
+        """Until the partition's stream has an entry after ``last``, at most ``block``."""
+        if self._waits.locked():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), block_ms / 1000)
+            return
+        async with self._waits:
+            await group.wait(last, block_ms)
 
     def _took(
         self, group: GroupPartition, entries: list[tuple[str, bytes, int]], lost: list[str], reaped: bool
@@ -332,6 +351,7 @@ class Consumer:
                     len(late),
                 )
             await _cancel(list(late))
+        await work.settled()
         await _cancel(self._heart)
         for group in self._groups.values():
             with contextlib.suppress(CdcError):

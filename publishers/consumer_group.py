@@ -17,7 +17,11 @@ by one consumer, which runs them in seq order (docs/CONSUMERS.md).
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import random
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +29,10 @@ import orjson
 
 from publishers import redis_calls, scripts
 from publishers.connection import RedisClient
-from publishers.errors import CdcError
+from publishers.errors import CdcError, TransientError
 from publishers.layout import Layout
+
+log = logging.getLogger("publishers.consumer")
 
 # A group or consumer name: it is part of key names and of the inbox's members.
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*")
@@ -48,6 +54,27 @@ class Taken:
 class GroupGone(CdcError):
     """The group is missing from the partition's stream (the stream was
     deleted, or Redis lost its data)."""
+
+
+def backoff(attempt: int, first: float, cap: float) -> float:
+    """Equal jitter, as ``publishers.retrying.equal_jitter``: half of the
+    doubling delay fixed, half random, so consumers that fail together do not
+    retry in lockstep."""
+    delay: float = min(cap, first * 2.0 ** (attempt - 1))
+    return delay / 2 + random.uniform(0, delay / 2)
+
+
+async def persist(call: Callable[[], Awaitable[Any]], what: str) -> Any:
+    """``call()`` again across transient Redis errors (until cancelled): an
+    acknowledgement or a dead letter must not be dropped by a failover."""
+    attempt = 0
+    while True:
+        try:
+            return await call()
+        except TransientError as exc:
+            attempt += 1
+            log.warning("%s: %s (retrying)", what, exc)
+            await asyncio.sleep(backoff(attempt, 0.1, 2.0))
 
 
 def check_name(kind: str, name: str) -> str:

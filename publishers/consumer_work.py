@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
-import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -22,8 +21,8 @@ from typing import Any
 
 from publishers import redis_calls
 from publishers.connection import RedisClient
-from publishers.consumer_group import GroupPartition
-from publishers.errors import TransientError
+from publishers.consumer_acks import Acks
+from publishers.consumer_group import GroupPartition, backoff, persist
 from publishers.messages import Message
 
 log = logging.getLogger("publishers.consumer")
@@ -64,27 +63,6 @@ class Policy:
     retry_cap: float
 
 
-def backoff(attempt: int, first: float, cap: float) -> float:
-    """Equal jitter, as ``publishers.retrying.equal_jitter``: half of the
-    doubling delay fixed, half random, so consumers that fail together do not
-    retry in lockstep."""
-    delay: float = min(cap, first * 2.0 ** (attempt - 1))
-    return delay / 2 + random.uniform(0, delay / 2)
-
-
-async def persist(call: Callable[[], Awaitable[Any]], what: str) -> Any:
-    """``call()`` again across transient Redis errors (until cancelled): an
-    acknowledgement or a dead letter must not be dropped by a failover."""
-    attempt = 0
-    while True:
-        try:
-            return await call()
-        except TransientError as exc:
-            attempt += 1
-            log.warning("%s: %s (retrying)", what, exc)
-            await asyncio.sleep(backoff(attempt, 0.1, 2.0))
-
-
 @dataclass
 class _Document:
     """A document's messages held by this consumer, in seq order."""
@@ -113,6 +91,7 @@ class Work:
         self._docs: dict[tuple[str, Any], _Document] = {}
         self._ids: set[tuple[str, str]] = set()  # (partition, entry id) of every message held
         self._groups: dict[str, GroupPartition] = {}
+        self._acks: dict[str, Acks] = {}
 
     def add(self, group: GroupPartition, delivery: Delivery) -> None:
         """Hold a message; it runs after the messages of its document held
@@ -144,6 +123,11 @@ class Work:
                 self._ids -= {(where, d.id) for d in doc.waiting}
                 doc.waiting.clear()
         self.freed.set()
+
+    async def settled(self) -> None:
+        """Return once every acknowledgement queued has been sent."""
+        for acks in list(self._acks.values()):
+            await acks.idle()
 
     def runners(self) -> list[asyncio.Task[None]]:
         return [doc.runner for doc in self._docs.values() if doc.runner is not None]
@@ -249,10 +233,13 @@ class Work:
     async def _ack(self, group: GroupPartition, delivery: Delivery) -> bool:
         """Acknowledge; False when another consumer holds the entry now, or
         has acknowledged it already (this one was presumed dead meanwhile)."""
-        done = await persist(lambda: group.ack(self.policy.consumer, [delivery.id]), "acknowledgement")
-        if done[0] != 1:
+        acks = self._acks.get(group.partition)
+        if acks is None:
+            acks = self._acks[group.partition] = Acks(group, self.policy.consumer)
+        done = await acks.ack(delivery.id)
+        if done != 1:
             self._taken_over(delivery)
-        return bool(done[0] == 1)
+        return done == 1
 
     def _taken_over(self, delivery: Delivery) -> None:
         log.warning(
