@@ -48,7 +48,7 @@ log = logging.getLogger("publishers.consumer")
 TAKES_AT_ONCE = 16
 WAITS_AT_ONCE = 16
 
-__all__ = ["Consumer", "ConsumerSettings", "Delivery", "Lost", "MessagesLost"]
+__all__ = ["BlockingConsumer", "Consumer", "ConsumerSettings", "Delivery", "Lost", "MessagesLost"]
 
 
 @dataclass(frozen=True)
@@ -364,3 +364,41 @@ async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
     for task in tasks:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
+
+
+class BlockingConsumer:
+    """The consumer for code without asyncio: ``run()`` blocks until
+    ``stop()`` (from any thread) or SIGTERM/SIGINT; the handler is a plain
+    function, called in a worker thread (``asyncio.to_thread``) so that the
+    event loop, and with it the heartbeat, goes on while it works."""
+
+    def __init__(
+        self,
+        config: RedisConfig,
+        namespace: str,
+        settings: ConsumerSettings,
+        handler: Callable[[Delivery], None],
+        *,
+        on_lost: Callable[[Lost], None] | None = None,
+    ) -> None:
+        self._handler = handler
+        self.consumer = Consumer(config, namespace, settings, self._call, on_lost=on_lost)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def _call(self, delivery: Delivery) -> None:
+        await asyncio.to_thread(self._handler, delivery)
+
+    def run(self, *, handle_signals: bool = True) -> None:
+        """Consume (signals can only be handled in the main thread)."""
+        asyncio.run(self._main(handle_signals))
+
+    async def _main(self, handle_signals: bool) -> None:
+        self._loop = asyncio.get_running_loop()
+        await self.consumer.run(handle_signals=handle_signals)
+
+    def stop(self) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self.consumer.stop()
+        else:
+            loop.call_soon_threadsafe(self.consumer.stop)

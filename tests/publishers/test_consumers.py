@@ -10,6 +10,7 @@ import asyncio
 import os
 import random
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -19,7 +20,7 @@ import orjson
 import pytest
 
 from cdc.config import RedisConfig
-from publishers.consumer import Consumer, ConsumerSettings, Delivery, Lost, MessagesLost
+from publishers.consumer import BlockingConsumer, Consumer, ConsumerSettings, Delivery, Lost, MessagesLost
 from publishers.manager import DataManager
 from publishers.model import Change
 
@@ -364,3 +365,38 @@ async def test_a_group_that_vanished_is_reported_and_created_again(
     assert "missing" in lost[0].reason
     assert sorted(seq for _, seq in record.done[4:]) == [5, 6, 7, 8]
     assert await pending(manager) == 0
+
+
+def test_a_blocking_consumer_runs_a_plain_function_in_a_thread(redis_url: str, namespace: str) -> None:
+    """``BlockingConsumer``: no asyncio in the caller, a handler that blocks
+    (``time.sleep``, in a worker thread), ``stop()`` from another thread."""
+    config = RedisConfig(url=redis_url, namespace=namespace)
+
+    async def write() -> None:
+        manager = await DataManager.connect(config)
+        try:
+            await publish(manager, docs=4, rounds=3)
+        finally:
+            await manager.close()
+
+    asyncio.run(write())
+    handled: list[tuple[str, int]] = []
+
+    def handler(delivery: Delivery) -> None:
+        time.sleep(0.05)  # blocks its worker thread, not the loop
+        handled.append((delivery.message["key"], delivery.seq))
+
+    consumer = BlockingConsumer(config, namespace, settings(), handler)
+    thread = threading.Thread(target=consumer.run, kwargs={"handle_signals": False})
+    thread.start()
+    deadline = time.monotonic() + 20
+    while len(handled) < 12:
+        assert time.monotonic() < deadline, handled
+        time.sleep(0.02)
+    consumer.stop()
+    thread.join(10)
+    assert not thread.is_alive()
+    record = Record()
+    record.done = handled
+    in_order(record)
+    assert sorted(seq for _, seq in handled) == list(range(1, 13))
