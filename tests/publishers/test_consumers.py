@@ -400,3 +400,25 @@ def test_a_blocking_consumer_runs_a_plain_function_in_a_thread(redis_url: str, n
     record.done = handled
     in_order(record)
     assert sorted(seq for _, seq in handled) == list(range(1, 13))
+
+
+async def test_other_sections_are_skipped_and_reload_messages_delivered_as_they_are(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    """A group of section alpha reading a partition that also holds beta:
+    beta's messages are acknowledged without the handler; alpha's ``R``
+    message (a bulk snapshot) reaches the handler as it is."""
+    record = Record()
+    await publish(manager, docs=2, rounds=1)  # alpha seqs 1-2
+    await publish(manager, docs=2, rounds=1, first=10, section="beta")  # 3-4
+    await manager.bulk_writer().mark("dbo.alpha", "alpha", P, version=50, fence=0)  # 5
+    await publish(manager, docs=2, rounds=1, first=60)  # 6-7
+    consumer = Consumer(
+        manager.client, redis_config.namespace, settings(sections=["alpha"], partitions=[P]), record.handler
+    )
+    run = asyncio.create_task(consumer.run())
+    await until(lambda: _true(len(record.done) == 5))
+    await until(lambda: _equal(pending(manager), 0))
+    consumer.stop()
+    await run
+    assert sorted(record.done) == [("@reload", 5), ("d0", 1), ("d0", 6), ("d1", 2), ("d1", 7)]
