@@ -422,3 +422,38 @@ async def test_other_sections_are_skipped_and_reload_messages_delivered_as_they_
     consumer.stop()
     await run
     assert sorted(record.done) == [("@reload", 5), ("d0", 1), ("d0", 6), ("d1", 2), ("d1", 7)]
+
+
+async def test_a_dead_consumers_messages_trimmed_away_are_reported(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    """The stream was trimmed past messages a dead consumer held: claiming
+    them finds them gone (XCLAIM drops deleted entries), and says so by id."""
+    stuck = asyncio.Event()
+
+    async def hangs(delivery: Delivery) -> None:
+        await stuck.wait()
+
+    doomed = Consumer(manager.client, redis_config.namespace, settings(consumer="doomed"), hangs)
+    task = asyncio.create_task(doomed.run())
+    await publish(manager, docs=2, rounds=2)
+    await until(lambda: _true(doomed.work is not None and doomed.work.held == 4))
+    for frozen in doomed._heart + doomed._readers:
+        frozen.cancel()
+    await manager.client.xtrim(manager.layout.stream(P), maxlen=0, approximate=False)
+    lost: list[Lost] = []
+    record = Record()
+    heir = Consumer(
+        manager.client, redis_config.namespace, settings(consumer="heir"), record.handler, on_lost=lost.append
+    )
+    run = asyncio.create_task(heir.run())
+    await until(lambda: _true(len(lost) == 4))
+    heir.stop()
+    await run
+    assert sorted(item.what for item in lost) == ["1-0", "2-0", "3-0", "4-0"]
+    assert record.done == [] and await pending(manager) == 0
+    prefix = f"{manager.layout.prefix(P)}@group:{GROUP}:"
+    assert [await manager.client.hlen(prefix + name) for name in ("holders", "docs")] == [0, 0]
+    stuck.set()
+    doomed.stop()
+    await task

@@ -154,6 +154,12 @@ async def test_three_processes_one_killed_and_a_poison_message(
             return done | lettered >= expected and await group.pending() == 0
 
         await until(finished, 60, "every message handled or dead-lettered")
+
+        # the survivors found the victim dead and took what it held (claim_after: 1 s)
+        async def reaped() -> bool:
+            return victim not in await group.alive()
+
+        await until(reaped, 10, "the victim reaped")
         for name in names:
             if name != victim:
                 procs[name].send_signal(signal.SIGTERM)
