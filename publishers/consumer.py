@@ -90,6 +90,18 @@ class ConsumerSettings:
             raise CdcError("a consumer needs a dead letter stream")
         return self
 
+    def policy(self, consumer: str) -> Policy:
+        """What running messages needs of these settings."""
+        return Policy(
+            consumer,
+            self.group,
+            self.dead_letter,
+            self.dead_letter_max_len,
+            self.max_deliveries,
+            self.retry_first,
+            self.retry_cap,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Lost:
@@ -157,21 +169,12 @@ class Consumer:
         then shut down gracefully. Raises ``MessagesLost`` if messages were
         lost and no ``on_lost`` took the report."""
         loop = asyncio.get_running_loop()
+        client = self._client or await connection.connect(self._config)  # type: ignore[arg-type]
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
-        client = self._client or await connection.connect(self._config)  # type: ignore[arg-type]
         s = self.settings
-        policy = Policy(
-            self.name,
-            s.group,
-            s.dead_letter,
-            s.dead_letter_max_len,
-            s.max_deliveries,
-            s.retry_first,
-            s.retry_cap,
-        )
-        self.work = Work(client, policy, self.handler, self._crashed)
+        self.work = Work(client, s.policy(self.name), self.handler, self._crashed)
         try:
             await self._discover(client)
             self._heart.append(self._spawn(self._heartbeat()))
@@ -293,7 +296,12 @@ class Consumer:
         for what in lost:
             self._report(Lost(group.partition, what, "trimmed from the stream before the group handled it"))
         for entry_id, text, deliveries in entries:
-            message = decode_message(text)
+            try:
+                message = decode_message(text)
+            except ValueError:  # not JSON: written by something else; dead-lettered as it is
+                message = {}
+            if not isinstance(message, dict):
+                message = {}
             seq = stream_seq(entry_id)
             work.add(group, Delivery(group.partition, entry_id, seq, text, message, deliveries, self.name))
 

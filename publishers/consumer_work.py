@@ -153,6 +153,9 @@ class Work:
         """Run the handler until it succeeds (then acknowledge) or the message
         has been delivered ``max_deliveries`` times (then dead-letter it)."""
         group, policy = self._groups[delivery.partition], self.policy
+        if not delivery.message:
+            await self._dead_letter(group, delivery, "not a change message: its text is not a JSON object")
+            return
         while True:
             n = delivery.deliveries
             if n > policy.max_deliveries:

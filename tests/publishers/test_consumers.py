@@ -89,6 +89,12 @@ class Record:
         self.done.append((key, delivery.seq))
 
 
+async def letters_of(manager: DataManager) -> list[dict[bytes, bytes]]:
+    """This test's entries of the dead letter stream (which all tests share)."""
+    stream = manager.layout.stream(P).encode()
+    return [f for _, f in await manager.client.xrange("app:consumer-dead") if f[b"stream"] == stream]
+
+
 async def seq_of(manager: DataManager) -> int:
     return int(await manager.client.get(manager.layout.seq(P)) or 0)
 
@@ -130,10 +136,9 @@ async def test_two_consumers_share_the_work_once_each_in_document_order(
     runs = [asyncio.create_task(c.run()) for c in consumers]
     await publish(manager, docs=6, rounds=10)
     total = await seq_of(manager)
-    dead = manager.client
 
     async def finished() -> bool:
-        handled = len(record.done) + await dead.xlen("app:consumer-dead")
+        handled = len(record.done) + len(await letters_of(manager))
         return handled >= total and await pending(manager) == 0
 
     await until(finished)
@@ -143,9 +148,9 @@ async def test_two_consumers_share_the_work_once_each_in_document_order(
     assert sorted(seq for _, seq in record.done) == [s for s in range(1, total + 1) if (s - 1) % 6 != 3]
     in_order(record)
     assert record.overlaps == 0
-    letters = await dead.xrange("app:consumer-dead")
+    letters = await letters_of(manager)
     assert len(letters) == 10
-    for _, fields in letters:
+    for fields in letters:
         assert fields[b"reason"] == b"ValueError: cannot index d3"
         assert fields[b"deliveries"] == b"3" and fields[b"group"] == GROUP.encode()
         assert orjson.loads(fields[b"message"])["key"] == "d3"
@@ -457,3 +462,27 @@ async def test_a_dead_consumers_messages_trimmed_away_are_reported(
     stuck.set()
     doomed.stop()
     await task
+
+
+async def test_an_entry_that_is_no_change_message_goes_to_the_dead_letter(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    """Something else wrote to the stream: that entry is dead-lettered at once
+    (no handler call), and the messages around it are handled."""
+    record = Record()
+    await publish(manager, docs=1, rounds=1)
+    stream, seq_key = manager.layout.stream(P), manager.layout.seq(P)
+    await manager.client.xadd(stream, {"m": b"[1, 2]"}, id="2-0")
+    await manager.client.set(seq_key, 2)
+    await publish(manager, docs=1, rounds=1, first=5)
+    consumer = Consumer(manager.client, redis_config.namespace, settings(), record.handler)
+    run = asyncio.create_task(consumer.run())
+    await until(lambda: _true(len(record.done) == 2))
+    await until(lambda: _equal(pending(manager), 0))
+    consumer.stop()
+    await run
+    assert record.done == [("d0", 1), ("d0", 3)]
+    letters = await letters_of(manager)
+    assert [(f[b"seq"], f[b"reason"]) for f in letters] == [
+        (b"2", b"not a change message: its text is not a JSON object")
+    ]
