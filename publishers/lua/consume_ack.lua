@@ -1,7 +1,8 @@
---[[ A consumer acknowledges entries it handled (docs/CONSUMERS.md): each
-only if it still holds it (a consumer presumed dead lost its entries to
-another: acknowledging theirs would drop work). The entry's document has one
-pending entry fewer; at none it has no holder.
+--[[ A consumer acknowledges entries it handled (docs/CONSUMERS.md), atomic
+with the owner check and its document's count: each only if it still holds
+it (a consumer presumed dead lost its entries to another: acknowledging
+theirs would drop work). The entry's document has one pending entry fewer;
+at none it has no holder.
 
 KEYS[1] ns:{p}:@stream   KEYS[2] ns:{p}:@group:g:holders   KEYS[3] ns:{p}:@group:g:docs
 ARGV[1] group   ARGV[2] consumer   ARGV[3..] entry ids

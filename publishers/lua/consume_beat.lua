@@ -1,6 +1,7 @@
 --[[ A consumer says it is alive in a partition (docs/CONSUMERS.md), or,
 with a TTL of 0, that it left: the others take its pending entries at their
-next read.
+next read. A script for Redis's clock (TIME), the one all consumers compare
+with, and an atomic look-and-renew.
 
 KEYS[1] ns:{p}:@group:g:alive   ARGV[1] consumer   ARGV[2] TTL (ms)
 Returns 1 if the consumer was registered, 0 if not (it was presumed dead

@@ -1,5 +1,6 @@
---[[ Create a consumer group on a partition's stream (docs/CONSUMERS.md), at
-once so that nothing is trimmed between the look and the create.
+--[[ Create a consumer group on a partition's stream (docs/CONSUMERS.md):
+atomic, so that nothing is trimmed between the look at the stream's first
+entry and the create.
 
 KEYS[1] ns:{p}:@stream   KEYS[2..4] the group's holders, docs and inbox (consume_take.lua)
 ARGV[1] group   ARGV[2] "all" | "new"

@@ -1,6 +1,7 @@
---[[ A consumer runs an entry again after its handler failed (docs/CONSUMERS.md):
-XCLAIM to itself counts one more delivery, so that a message that fails (or
-kills its consumer) N times reaches the dead letter, even across crashes.
+--[[ A consumer runs an entry again after its handler failed (docs/CONSUMERS.md).
+Atomic with the owner check: XCLAIM to itself counts one more delivery, so
+that a message that fails (or kills its consumer) N times reaches the dead
+letter, even across crashes.
 
 KEYS[1] ns:{p}:@stream   ARGV[1] group   ARGV[2] consumer   ARGV[3] entry id
 Returns the entry's delivery count, or -1 when another consumer holds it now
