@@ -4,7 +4,8 @@
 
 Consumes section ``alpha`` in group ``g``; the handler appends a line to LOG
 (opened O_APPEND, one write a line, so the lines of all processes are in the
-order they happened) when it starts, ends (done) or fails (the document
+order they happened) when it is ready (SIGTERM stops it gracefully from
+then on), and when a handler starts, ends (done) or fails (the document
 POISON). SIGTERM stops it gracefully.
 """
 
@@ -51,7 +52,14 @@ async def main(url: str, cluster: bool, namespace: str, name: str, log_path: str
         shutdown_timeout=5.0,
     )
     config = RedisConfig(url=url, cluster=cluster, namespace=namespace)
-    await Consumer(config, namespace, settings, handler).run(handle_signals=True)
+    consumer = Consumer(config, namespace, settings, handler)
+    running = asyncio.create_task(consumer.run(handle_signals=True))
+    while consumer.work is None:  # its SIGTERM handler is set before its work
+        if running.done():
+            break  # it failed: awaited below
+        await asyncio.sleep(0.01)
+    os.write(log, orjson.dumps(["ready", name, "", "", 0, 0]) + b"\n")
+    await running
 
 
 if __name__ == "__main__":

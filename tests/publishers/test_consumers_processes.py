@@ -95,28 +95,25 @@ class Group:
         return out
 
 
+@pytest.mark.parametrize("restart", [False, True], ids=["killed", "killed-and-restarted"])
 async def test_three_processes_one_killed_and_a_poison_message(
-    manager: DataManager, redis_config: RedisConfig, tmp_path: Path
+    manager: DataManager, redis_config: RedisConfig, tmp_path: Path, restart: bool
 ) -> None:
+    """``restart``: the killed process comes back at once under its name (a
+    pod's), before ``claim_after``: it takes its own pending messages again,
+    or the others claimed them first; either way the same checks hold."""
     ns = redis_config.namespace
     await manager.apply(changes(0))  # the partitions exist (ns:@partitions:alpha) before the consumers start
     log = tmp_path / "handled.jsonl"
     names = ["c1", "c2", "c3"]
-    procs = {
-        name: subprocess.Popen(
-            [
-                sys.executable,
-                str(WORKER),
-                redis_config.url,
-                str(int(redis_config.cluster)),
-                ns,
-                name,
-                str(log),
-                POISON,
-            ]
+
+    def spawn(name: str) -> subprocess.Popen[bytes]:
+        cluster = str(int(redis_config.cluster))
+        return subprocess.Popen(
+            [sys.executable, str(WORKER), redis_config.url, cluster, ns, name, str(log), POISON]
         )
-        for name in names
-    }
+
+    procs = {name: spawn(name) for name in names}
     group = Group(manager)
     try:
         await until(lambda: _is(group.alive(), set(names)), 30, "three consumers")
@@ -138,6 +135,13 @@ async def test_three_processes_one_killed_and_a_poison_message(
         procs[victim].send_signal(signal.SIGKILL)
         procs[victim].wait()
         killed_at = written[0]
+        if restart:
+            procs[victim] = spawn(victim)
+
+            async def back() -> bool:
+                return sum(1 for e in events(log) if e[:2] == ["ready", victim]) == 2
+
+            await until(back, 30, "the victim back")
         await writer
         assert killed_at < ROUNDS  # the kill was mid-stream
 
@@ -159,12 +163,13 @@ async def test_three_processes_one_killed_and_a_poison_message(
         async def reaped() -> bool:
             return victim not in await group.alive()
 
-        await until(reaped, 10, "the victim reaped")
+        if not restart:
+            await until(reaped, 10, "the victim reaped")
         for name in names:
-            if name != victim:
+            if name != victim or restart:
                 procs[name].send_signal(signal.SIGTERM)
         for name in names:
-            assert procs[name].wait(timeout=30) == (-signal.SIGKILL if name == victim else 0)
+            assert procs[name].wait(timeout=30) == (-signal.SIGKILL if name == victim and not restart else 0)
     finally:
         for proc in procs.values():
             if proc.poll() is None:
