@@ -107,7 +107,9 @@ class Work:
             (message.get("section"), message.get("key")) if "key" in message else delivery.id,
         )
         doc = self._docs.setdefault(key, _Document())
-        bisect.insort(doc.waiting, delivery, key=lambda d: d.seq)
+        # in seq order, never before the one running (the first): a document's
+        # entries reach its holder in seq order anyway (consume_take.lua)
+        bisect.insort(doc.waiting, delivery, lo=1 if doc.runner else 0, key=lambda d: d.seq)
         self.held += 1
         if doc.runner is None:
             doc.runner = asyncio.create_task(self._run(key, doc))
