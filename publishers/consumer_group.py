@@ -7,7 +7,8 @@ a Redis Cluster)::
     ns:{p}:@stream                  the partition's stream; the group lives in it (XGROUP)
     ns:{p}:@group:g:holders         hash  document -> "<pending entries> <consumer>"
     ns:{p}:@group:g:docs            hash  pending entry id -> document
-    ns:{p}:@group:g:inbox           zset  "<consumer>\\0<id>": entries handed to their document's holder
+    ns:{p}:@group:g:inbox           zset  "<consumer>\\0<seq, 20 digits>": entries handed to their
+                                          document's holder (lexical order = seq order)
     ns:{p}:@group:g:alive           hash  consumer -> when it is presumed dead (Redis TIME, ms)
 
 A document is a section and a key (their JSON texts, as the message spells
