@@ -35,7 +35,7 @@ T = TypeVar("T")
 log = logging.getLogger("cdc.cli")
 # Commands whose stdout is data (change messages, the demo's live view): it is
 # printed exactly as it is, never redacted.
-DATA_COMMANDS = frozenset({"subscribe", "demo"})
+DATA_COMMANDS = frozenset({"subscribe", "demo", "consume"})
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # A section as the config's schema writes it ($defs/segment).
@@ -383,6 +383,36 @@ def demo(
     sys.exit(
         _run(run_demo(directory, rate=rate, duration=duration, sidecars=sidecars, kill_after=kill_after))
     )
+
+
+def _sections(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    for section in value:
+        _section(ctx, param, section)
+    return value
+
+
+@cli.command()
+@config_option
+@click.option("--group", required=True, help="The consumer group: its consumers share the messages.")
+@click.option(
+    "--section", "sections", multiple=True, callback=_sections, help="A section to consume (repeatable)."
+)
+@click.option("--partition", "partitions", multiple=True, help="Only this partition (repeatable).")
+@click.option("--consumer", default="", help="This consumer's name (default: host-pid-random).")
+@click.option(
+    "--dead-letter", default=None, help="The dead letter stream (default: NS:@consumers:GROUP:deadletter)."
+)
+@click.option("--max-in-flight", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option("--max-deliveries", default=5, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--claim-after", default=30.0, show_default=True, type=click.FloatRange(min=0.1), help="Seconds."
+)
+@click.option("--start", default="all", show_default=True, type=click.Choice(["all", "new"]))
+def consume(config_path: str, group: str, **options: Any) -> None:
+    """Handle each change once across the group's consumers; print each (docs/CONSUMERS.md)."""
+    from cdc.consume import consume as do_consume
+
+    sys.exit(_run(do_consume(_load(config_path), group, **options)))
 
 
 def main() -> None:

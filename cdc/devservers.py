@@ -168,11 +168,15 @@ class RedisCluster:
             stderr=subprocess.PIPE,
         )
 
+        # every node: each learns the slots by gossip, and answers CLUSTERDOWN until then
         def ready() -> bool:
-            out = subprocess.run(
-                [cli, "-p", str(self.nodes[0].port), "cluster", "info"], capture_output=True, text=True
-            ).stdout
-            return "cluster_state:ok" in out
+            return all(
+                "cluster_state:ok"
+                in subprocess.run(
+                    [cli, "-p", str(n.port), "cluster", "info"], capture_output=True, text=True
+                ).stdout
+                for n in self.nodes
+            )
 
         wait_until(ready, 30, "the Redis Cluster to be ready", interval=0.1)
         return self

@@ -62,6 +62,11 @@ LEASE_RELEASE = _read("lease_release")
 BULK_LOAD = _read("bulk_load")
 BULK_MARKER = _read("bulk_marker")
 FENCE_RAISE = _read("fence_raise")
+CONSUME_CREATE = _read("consume_create")  # consumer groups: publishers/consumer_group.py
+CONSUME_TAKE = _read("consume_take")
+CONSUME_ACK = _read("consume_ack")
+CONSUME_RETRY = _read("consume_retry")
+CONSUME_BEAT = _read("consume_beat")
 
 REGISTRY: dict[str, Script] = {
     script.name: script
@@ -78,6 +83,11 @@ REGISTRY: dict[str, Script] = {
         BULK_LOAD,
         BULK_MARKER,
         FENCE_RAISE,
+        CONSUME_CREATE,
+        CONSUME_TAKE,
+        CONSUME_ACK,
+        CONSUME_RETRY,
+        CONSUME_BEAT,
     )
 }
 

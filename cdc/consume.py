@@ -1,0 +1,76 @@
+"""``cdc consume``: one consumer of a consumer group that prints each message
+it handles (docs/CONSUMERS.md). Start it in several terminals with the same
+``--group``: each message is printed by one of them, a document's messages
+in seq order. SIGTERM or Ctrl-C stops it gracefully.
+
+It is the example of ``publishers.consumer`` more than a tool: an
+application puts its own handler where ``_print_delivery`` is.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from cdc.config import Config
+from cdc.errors import ConfigError
+from publishers.consumer import Consumer, ConsumerSettings, Delivery, Lost
+from publishers.errors import CdcError
+
+
+def dead_letter_name(namespace: str, group: str) -> str:
+    """The default dead letter stream of a group (an application names its own)."""
+    return f"{namespace}:@consumers:{group}:deadletter"
+
+
+async def consume(
+    config: Config,
+    group: str,
+    sections: Sequence[str],
+    partitions: Sequence[str],
+    *,
+    consumer: str = "",
+    dead_letter: str | None = None,
+    max_in_flight: int = 64,
+    max_deliveries: int = 5,
+    claim_after: float = 30.0,
+    start: str = "all",
+) -> int:
+    """Consume until SIGTERM/SIGINT; exit code 0, or the error's."""
+    namespace = config.redis.namespace
+    try:
+        settings = ConsumerSettings(
+            group=group,
+            dead_letter=dead_letter or dead_letter_name(namespace, group),
+            sections=tuple(sections),
+            partitions=tuple(partitions) or None,
+            consumer=consumer,
+            max_in_flight=max_in_flight,
+            max_deliveries=max_deliveries,
+            claim_after=claim_after,
+            start=start,
+        ).checked()
+    except CdcError as exc:
+        raise ConfigError(str(exc)) from None
+    runner = Consumer(config.redis, namespace, settings, _print_delivery, on_lost=_lost)
+    await runner.run(handle_signals=True)
+    return 0
+
+
+async def _print_delivery(delivery: Delivery) -> None:
+    """The handler: the message as the stream holds it, one JSON line (an
+    ``R`` message too: a bulk snapshot rewrote the section's documents)."""
+    out = getattr(sys.stdout, "buffer", None)
+    if out is None:
+        print(delivery.text.decode("utf-8", "surrogateescape"), flush=True)
+        return
+    out.write(delivery.text + b"\n")
+    out.flush()
+
+
+def _lost(lost: Lost) -> None:
+    """Said on stderr (stdout stays JSON lines), and the consumer goes on."""
+    sys.stderr.write(
+        f"cdc consume: lost messages in partition {lost.partition} ({lost.what}): {lost.reason}\n"
+    )
+    sys.stderr.flush()
