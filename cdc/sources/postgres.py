@@ -121,7 +121,7 @@ class PostgresSource:
         """The table as it is now, its fingerprint read first: should it change
         while the catalog is read, the next ``fingerprints`` differs from it."""
         async with self._sessions.reading(f"describe {table_config.table}") as conn:
-            fingerprint = (await pg_shape.fingerprints(conn, self._schema, [table_config]))[0]
+            fingerprint = (await self._fingerprints(conn, [table_config]))[0]
             found = await pg_catalog.find_table(conn, table_config.schema, table_config.name)
             if found is None:
                 renamed = await pg_status.renamed_to(conn, self._schema, table_config.table)
@@ -150,8 +150,11 @@ class PostgresSource:
     async def fingerprints(self, tables: Sequence[TableConfig]) -> dict[str, str | None]:
         """Each table's shape now, in one statement (``pg_shape``)."""
         async with self._sessions.reading("read table fingerprints", transaction=False) as conn:
-            found = await pg_shape.fingerprints(conn, self._schema, tables)
+            found = await self._fingerprints(conn, tables)
         return {t.table: fingerprint for t, fingerprint in zip(tables, found, strict=True)}
+
+    async def _fingerprints(self, conn: Connection, tables: Sequence[TableConfig]) -> list[str | None]:
+        return await pg_shape.fingerprints(conn, self._schema, tables)
 
     async def current_version(self) -> int:
         async with self._sessions.reading("read the current version", transaction=False) as conn:

@@ -114,24 +114,22 @@ class PostgresLogicalSource(PostgresSource):
 
     # -- shape ----------------------------------------------------------------------
 
-    async def fingerprints(self, tables: Sequence[TableConfig]) -> dict[str, str | None]:
+    async def _fingerprints(self, conn: Connection, tables: Sequence[TableConfig]) -> list[str | None]:
         """The shape (``pg_shape``) and whether the table's publication holds it."""
-        async with self._sessions.reading("read table fingerprints", transaction=False) as conn:
-            found = await pg_shape.fingerprints(conn, self._schema, tables)
-            names = [self.slot(t.table, conn.info.dbname) for t in tables]
-            published = await (
-                await conn.execute(
-                    "select exists (select from pg_publication_tables p where p.pubname = n.name"
-                    " and p.schemaname = n.schema_name and p.tablename = n.table_name)"
-                    " from unnest(%s::text[], %s::text[], %s::text[]) with ordinality as n(name, schema_name,"
-                    " table_name, ord) order by n.ord",
-                    [names, [t.schema for t in tables], [t.name for t in tables]],
-                )
-            ).fetchall()
-        return {
-            t.table: None if f is None else f"{f} | publication {p[0]}"
-            for t, f, p in zip(tables, found, published, strict=True)
-        }
+        found = await pg_shape.fingerprints(conn, self._schema, tables)
+        names = [self.slot(t.table, conn.info.dbname) for t in tables]
+        published = await (
+            await conn.execute(
+                "select exists (select from pg_publication_tables p where p.pubname = n.name"
+                " and p.schemaname = n.schema_name and p.tablename = n.table_name)"
+                " from unnest(%s::text[], %s::text[], %s::text[]) with ordinality"
+                " as n(name, schema_name, table_name, ord) order by n.ord",
+                [names, [t.schema for t in tables], [t.name for t in tables]],
+            )
+        ).fetchall()
+        return [
+            None if f is None else f"{f} | publication {p[0]}" for f, p in zip(found, published, strict=True)
+        ]
 
     async def current_version(self) -> int:
         async with self._sessions.reading("read the current version", transaction=False) as conn:

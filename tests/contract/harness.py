@@ -556,11 +556,15 @@ class PostgresLogicalHarness(PostgresHarness):
         await self.admin.execute("select pg_replication_slot_advance(%s, pg_current_wal_flush_lsn())", [slot])
 
     async def settle(self, timeout: float = 10.0) -> None:
-        """Wait until the WAL is flushed up to where it is written now."""
+        """Wait until the WAL is flushed up to where it is written now. (The server
+        flushes an asynchronous commit within 200 ms, but not the records after
+        the last commit: a synchronous commit here flushes everything before it.)"""
         row = await (
             await self.admin.execute("select (pg_current_wal_insert_lsn() - '0/0')::bigint")
         ).fetchone()
         assert row is not None
+        await self.admin.execute("set synchronous_commit = on")
+        await self.admin.execute("select pg_current_xact_id()")  # its commit is flushed, and the WAL before it
         async with asyncio.timeout(timeout):
             while True:
                 if await self.source.current_version() >= row[0] - 1:
