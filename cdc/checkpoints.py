@@ -37,6 +37,13 @@ class CheckpointKeeper:
         # moves the table's replication slot up to it: cdc.sources.postgres_logical)
         self.on_stored: Callable[[str, int], None] | None = None
 
+    def reset(self, stored: Checkpoint | None) -> None:
+        """Go on from ``stored``, the streaming checkpoint Redis holds (None: none)."""
+        position = None if stored is None else stored.version
+        self.line.reset(position, fresh_at=stored_freshness(stored, self.line))
+        if position is not None and self.on_stored is not None:
+            self.on_stored(self.table, position)
+
     async def complete(self, *, block: bool) -> None:
         """Advance ``applied`` over the finished reads at the head of the line
         (``block``: wait for every read first), and write the checkpoint when due."""

@@ -264,6 +264,8 @@ def _build(data: dict[str, Any], lines: Lines, name: str) -> Config:
     tables = tuple(_build_table(t, i, lines, entry_lines[i], name) for i, t in enumerate(data["tables"]))
     _check_unique(tables)
     _check_dsn(source["dsn"])
+    if source.get("capture", "triggers") != "triggers" and source["kind"] != "postgres":
+        raise FieldError(("source", "capture"), "logical capture is for postgres only: remove the key")
     _check_redis_url(redis)
     return Config(
         source=SourceConfig(

@@ -18,7 +18,7 @@ from psycopg import sql
 from cdc.config import TableConfig
 from cdc.errors import SourceError
 from cdc.sources import pg_catalog, pg_grants, pg_logical, pg_shape
-from cdc.sources.base import TrackingStatus
+from cdc.sources.base import Finding, TrackingStatus
 from cdc.sources.pg_catalog import Connection
 from cdc.sources.pg_sessions import Sessions
 
@@ -122,3 +122,52 @@ async def grant(sessions: Sessions, tables: Sequence[TableConfig], role: str) ->
             )
     lines = [f"{t.table}: SELECT granted to {role}" for t in tables]
     return [*lines, f"{role} also needs the REPLICATION attribute: ALTER ROLE {role} REPLICATION"]
+
+
+async def doctor(sessions: Sessions, slot: SlotName, tables: Sequence[TableConfig]) -> list[Finding]:
+    """The server's settings, then per table its publication and slot, with the
+    WAL the slot holds: an abandoned slot keeps WAL until the disk is full."""
+    findings = []
+    async with sessions.reading("doctor", transaction=False) as conn:
+        row = await (
+            await conn.execute(
+                "select current_setting('wal_level'), current_setting('max_slot_wal_keep_size'),"
+                " r.rolreplication or r.rolsuper from pg_roles r where r.rolname = current_user"
+            )
+        ).fetchone()
+        assert row is not None
+        wal_level, keep, replication = row
+        if wal_level != "logical":
+            findings.append(
+                Finding("error", "wal_level", f"is {wal_level!r}: logical capture needs 'logical'")
+            )
+        if not replication:
+            findings.append(
+                Finding("error", "role", "has no REPLICATION attribute: ALTER ROLE ... REPLICATION")
+            )
+        if keep == "-1":
+            findings.append(
+                Finding(
+                    "warning",
+                    "max_slot_wal_keep_size",
+                    "is -1 (unlimited): a slot whose sidecar is gone keeps WAL until the disk is full; "
+                    "set it (e.g. ALTER SYSTEM SET max_slot_wal_keep_size = '50GB') so the server drops "
+                    "such a slot's WAL instead (that table is then snapshotted again)",
+                )
+            )
+        for t in tables:
+            found = await pg_logical.window(conn, slot(t.table, conn.info.dbname), t.schema, t.name)
+            findings.append(_table_finding(t.table, found))
+    return findings
+
+
+def _table_finding(table: str, found: pg_logical.Window) -> Finding:
+    if not found.published or found.slot is None:
+        what = "publication" if not found.published else "replication slot"
+        return Finding("error", table, f"no {what}: run cdc tracking enable --table {table}")
+    if found.slot.lost:
+        return Finding("error", table, "its replication slot was invalidated: the table is snapshotted again")
+    held = found.slot.retained
+    return Finding(
+        "ok", table, f"its replication slot holds {held / 2**20:.1f} MiB of WAL", {"retained_wal_bytes": held}
+    )

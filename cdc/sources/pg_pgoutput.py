@@ -182,6 +182,11 @@ class _Net:
     values: dict[str, Any] | None = None  # None: the row is gone
 
 
+def _carried(values: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with each UNCHANGED value taken from ``before`` (where it has one)."""
+    return {c: before.get(c, v) if v is UNCHANGED else v for c, v in values.items()}
+
+
 class NetChanges:
     """Per primary key, its last state within the read and whether it
     existed at ``since``: I (created after it), U, or D (gone)."""
@@ -206,6 +211,9 @@ class NetChanges:
         assert change.new is not None
         new = self.decode(relation, change.new)
         if old is not None and self._key(old) != self._key(new):  # a primary-key update: D + I
+            before = self.rows.get(self._key(old))
+            if before is not None and before.values is not None:  # unchanged values move with the row
+                new = _carried(new, before.values)
             self._gone(self._key(old), version)
             self._write(new, version, inserted=True)
         else:
@@ -225,7 +233,7 @@ class NetChanges:
         if net is None:
             net = self.rows[key] = _Net(existed=not inserted)
         elif net.values is not None:  # an unchanged TOASTed value is what this read held last
-            values = {c: net.values.get(c, v) if v is UNCHANGED else v for c, v in values.items()}
+            values = _carried(values, net.values)
         net.version, net.values = version, values
 
     def _gone(self, key: tuple[Any, ...], version: int) -> None:

@@ -67,7 +67,7 @@ from cdc.sources.base import (
 )
 from cdc.sources.pg_catalog import Connection
 from cdc.sources.pg_logical_values import TupleLoaders
-from cdc.sources.pg_pgoutput import UNCHANGED, NetChanges, Relation, transactions
+from cdc.sources.pg_pgoutput import UNCHANGED, NetChanges, Relation, Transaction, transactions
 from cdc.sources.postgres import PostgresSource
 
 # Changes one peek decodes at most (pgoutput rows: Begin and Commit count):
@@ -100,6 +100,7 @@ class PostgresLogicalSource(PostgresSource):
         self._stored: dict[str, int] = {}  # table -> the checkpoint Redis holds (checkpoint_stored)
         self._rest: dict[str, _Held] = {}
         self._loaders = TupleLoaders()
+        self._fingerprints = self._published_fingerprints
         self.decoded = 0  # pgoutput messages decoded, for the benchmark's notes
 
     def slot(self, table: str, database: str) -> str:
@@ -114,7 +115,9 @@ class PostgresLogicalSource(PostgresSource):
 
     # -- shape ----------------------------------------------------------------------
 
-    async def _fingerprints(self, conn: Connection, tables: Sequence[TableConfig]) -> list[str | None]:
+    async def _published_fingerprints(
+        self, conn: Connection, tables: Sequence[TableConfig]
+    ) -> list[str | None]:
         """The shape (``pg_shape``) and whether the table's publication holds it."""
         found = await pg_shape.fingerprints(conn, self._schema, tables)
         names = [self.slot(t.table, conn.info.dbname) for t in tables]
@@ -185,17 +188,7 @@ class PostgresLogicalSource(PostgresSource):
         target = min(self._stored.get(info.table, -1), since)
         if target > found.slot.confirmed:
             await pg_logical.advance(conn, name, target)
-        if upto is None:
-            messages = await pg_logical.peek(conn, name, found.flush, DECODE_CHANGES)
-            bound = found.flush - 1
-        else:
-            messages = await pg_logical.peek(conn, name, upto + 1, None)
-            bound = upto
-        self.decoded += len(messages)
-        relations: dict[int, Relation] = {}
-        decoded = list(transactions(iter(messages), relations))
-        if upto is None and len(messages) >= DECODE_CHANGES and decoded:
-            bound = decoded[-1].commit_lsn  # a slice: whole transactions up to the last one decoded
+        decoded, relations, bound = await self._peek(conn, name, since, found.flush, upto)
         bound = max(since, bound)
         await self._loaders.prepare(conn, relations.values())
         net = NetChanges(info.primary_key, self._loaders.decoder(info))
@@ -211,6 +204,30 @@ class PostgresLogicalSource(PostgresSource):
         rows = await self._rows(conn, info, net)
         rows.sort(key=lambda r: _order(r.version, tuple(r.key.values())))
         return rows, bound
+
+    async def _peek(
+        self, conn: Connection, name: str, since: int, flush: int, upto: int | None
+    ) -> tuple[list[Transaction], dict[int, Relation], int]:
+        """The slot's transactions and the read's bound: up to ``upto`` when a
+        paged read goes on, else those committing below ``flush``, at most
+        ``DECODE_CHANGES`` messages (whole transactions, so the bound is then
+        the last one's commit). A slice the checkpoint has passed entirely
+        (the slot trails ``since``: a read ran ahead of what Redis holds) is
+        taken again, larger, until it reaches past ``since``."""
+        cap = DECODE_CHANGES
+        while True:
+            relations: dict[int, Relation] = {}
+            until, most = (flush, cap) if upto is None else (upto + 1, None)
+            messages = await pg_logical.peek(conn, name, until, most)
+            self.decoded += len(messages)
+            decoded = list(transactions(iter(messages), relations))
+            if upto is not None:
+                return decoded, relations, upto
+            if len(messages) < cap or not decoded:
+                return decoded, relations, flush - 1
+            if decoded[-1].commit_lsn > since:
+                return decoded, relations, decoded[-1].commit_lsn
+            cap *= 4
 
     async def _rows(self, conn: Connection, info: TableInfo, net: NetChanges) -> list[ChangeRow]:
         names = info.column_names
@@ -313,4 +330,4 @@ class PostgresLogicalSource(PostgresSource):
         return await pg_logical_admin.grant(self._sessions, tables, role)
 
     async def doctor(self, tables: Sequence[TableConfig]) -> list[Finding]:
-        return []  # TODO: slots' retained WAL, wal_level, max_slot_wal_keep_size
+        return await pg_logical_admin.doctor(self._sessions, self.slot, tables)

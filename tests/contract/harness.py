@@ -564,7 +564,9 @@ class PostgresLogicalHarness(PostgresHarness):
         ).fetchone()
         assert row is not None
         await self.admin.execute("set synchronous_commit = on")
-        await self.admin.execute("select pg_current_xact_id()")  # its commit is flushed, and the WAL before it
+        await self.admin.execute(
+            "select pg_current_xact_id()"
+        )  # its commit is flushed, and the WAL before it
         async with asyncio.timeout(timeout):
             while True:
                 if await self.source.current_version() >= row[0] - 1:
