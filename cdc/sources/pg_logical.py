@@ -271,14 +271,13 @@ select count(*) from pg_snapshot_xip(%s::pg_snapshot) as x(xid)
 
 
 async def position_before(conn: Connection) -> tuple[int, str]:
-    """The WAL insert position, then a snapshot taken after it (as text)."""
-    row = await (
-        await conn.execute(
-            "select (pg_current_wal_insert_lsn() - '0/0')::bigint, pg_current_snapshot()::text"
-        )
-    ).fetchone()
-    assert row is not None
-    return int(row[0]), str(row[1])
+    """The WAL insert position, then a snapshot taken after it (as text): two
+    statements, since a statement's snapshot is taken before its select list
+    runs."""
+    position = await (await conn.execute("select (pg_current_wal_insert_lsn() - '0/0')::bigint")).fetchone()
+    snapshot = await (await conn.execute("select pg_current_snapshot()::text")).fetchone()
+    assert position is not None and snapshot is not None
+    return int(position[0]), str(snapshot[0])
 
 
 async def all_visible(conn: Connection, before: str) -> bool:
