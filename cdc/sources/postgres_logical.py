@@ -101,6 +101,7 @@ class PostgresLogicalSource(PostgresSource):
         self._rest: dict[str, _Held] = {}
         self._loaders = TupleLoaders()
         self._fingerprints = self._published_fingerprints
+        self.retained_wal: dict[str, int] = {}  # table -> bytes its slot kept at its latest read
         self.decoded = 0  # pgoutput messages decoded, for the benchmark's notes
 
     def slot(self, table: str, database: str) -> str:
@@ -185,6 +186,7 @@ class PostgresLogicalSource(PostgresSource):
         found = await pg_logical.window(conn, name, info.schema, info.name)
         pg_logical.check_window(info.table, since, found)
         assert found.slot is not None
+        self.retained_wal[info.table] = found.slot.retained
         target = min(self._stored.get(info.table, -1), since)
         if target > found.slot.confirmed:
             await pg_logical.advance(conn, name, target)
