@@ -145,6 +145,9 @@ async def test_status_and_doctor_show_the_wal_a_slot_holds(harness: PostgresLogi
     table_config = await harness.create_table("items", ITEMS, ["id"])
     [status] = await harness.pg_source.tracking_status([table_config])
     assert status.enabled and "bytes of WAL" in status.detail
+    info = await harness.pg_source.describe(table_config)
+    await harness.pg_source.read_changes(info, await harness.pg_source.current_version(), limit=10)
+    assert harness.pg_source.retained_wal[info.table] > 0  # cdc_slot_retained_wal_bytes
     findings = {f.subject: f for f in await harness.pg_source.doctor([table_config])}
     assert "retained_wal_bytes" in findings[table_config.table].extra
     assert findings["max_slot_wal_keep_size"].level == "warning"  # the test server keeps it unlimited
