@@ -134,11 +134,12 @@ def write_config(
     *,
     worker: dict[str, Any] | None = None,
     source: dict[str, Any] | None = None,
+    redis: dict[str, Any] | None = None,
 ) -> Path:
     """A config file for ``cdc run``; ``tables`` entries as in the YAML."""
     config = {
         "source": {"kind": "postgres", "dsn": env.dsn, "tracking_schema": TRACKING_SCHEMA, **(source or {})},
-        "redis": {"url": env.redis_url, "namespace": NAMESPACE, "stream_max_len": 100_000},
+        "redis": {"url": env.redis_url, "namespace": NAMESPACE, "stream_max_len": 100_000, **(redis or {})},
         "worker": {"health": None, **(worker or {})},
         "tables": tables,
     }

@@ -25,6 +25,7 @@ from typing import Any
 
 import psycopg
 
+from bench import pgbench_logical
 from bench.context import Context
 from bench.env import cdc, tree_cpu, write_config
 from cdc.devservers import postgres_bindir
@@ -91,27 +92,37 @@ def _match(pattern: str, text: str) -> str:
 
 
 def run_pgbench(ctx: Context) -> dict[str, Any]:
+    """Triples, interleaved: triggers, none, logical capture with a sidecar
+    draining (``bench.pgbench_logical``); the server restarted with
+    wal_level = logical for all three (what logical capture needs; the other
+    benchmarks keep the default), and back afterwards."""
     pairs, seconds = (3, 3) if ctx.quick else (8, 10)
-    with psycopg.connect(ctx.env.dsn, autocommit=True) as conn:
-        conn.execute(f"drop database if exists {DATABASE}")
-        conn.execute(f"create database {DATABASE}")
-    _pgbench(ctx, "-i", "-q", "-s", str(SCALE))
-    tables = [{"table": f"public.{t}", "partition": t, "section": t} for t in TABLES]
-    path = write_config(ctx.env, "pgbench", tables, source={"dsn": _dsn(ctx)})
-    runs: list[dict[str, Any]] = []
-    try:
-        for pair in range(pairs):
-            cdc("tracking", "enable", "-c", str(path))
-            runs.append(_run(ctx, seconds, tracking=True))
-            cdc("tracking", "disable", "-c", str(path))
-            runs.append(_run(ctx, seconds, tracking=False))
-            tracked, untracked = runs[-2], runs[-1]
-            print(f"  pair {pair + 1}/{pairs}: {tracked['tps']} tps tracked, {untracked['tps']} untracked"
-                  f" ({tracked['tps'] / max(1, untracked['tps']):.2f}x)", flush=True)  # fmt: skip
-    finally:
+    with pgbench_logical.wal_level_logical(ctx.env):
         with psycopg.connect(ctx.env.dsn, autocommit=True) as conn:
-            conn.execute(f"drop database if exists {DATABASE} with (force)")
-    return summary(runs, seconds)
+            conn.execute(f"drop database if exists {DATABASE}")
+            conn.execute(f"create database {DATABASE}")
+        _pgbench(ctx, "-i", "-q", "-s", str(SCALE))
+        tables = [{"table": f"public.{t}", "partition": t, "section": t} for t in TABLES]
+        path = write_config(ctx.env, "pgbench", tables, source={"dsn": _dsn(ctx)})
+        runs: list[dict[str, Any]] = []
+        logical: list[dict[str, Any]] = []
+        try:
+            for pair in range(pairs):
+                cdc("tracking", "enable", "-c", str(path))
+                runs.append(_run(ctx, seconds, tracking=True))
+                cdc("tracking", "disable", "-c", str(path))
+                runs.append(_run(ctx, seconds, tracking=False))
+                logical.append(pgbench_logical.run(ctx, tables, seconds, pair, _dsn(ctx), _run))
+                tracked, untracked = runs[-2], runs[-1]
+                print(f"  triple {pair + 1}/{pairs}: {tracked['tps']} tps triggers, {untracked['tps']} untracked"
+                      f" ({tracked['tps'] / max(1, untracked['tps']):.2f}x), {logical[-1]['tps']} logical"
+                      f" ({logical[-1]['tps'] / max(1, untracked['tps']):.2f}x)", flush=True)  # fmt: skip
+        finally:
+            with psycopg.connect(ctx.env.dsn, autocommit=True) as conn:
+                conn.execute(f"drop database if exists {DATABASE} with (force)")
+    result = summary(runs, seconds)
+    result["logical"] = pgbench_logical.summary(logical, runs[1::2])
+    return result
 
 
 def summary(runs: list[dict[str, Any]], seconds: int) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Literal
 
@@ -32,6 +33,16 @@ class CheckpointKeeper:
         self.redis = redis  # each checkpoint write tells whether Redis answers
         self.fence = 0  # fencing token of the lease the table is held under
         self.source_version: int | None = None  # the bound of the latest read
+        # told each streaming checkpoint Redis now holds (a logical-decoding source
+        # moves the table's replication slot up to it: cdc.sources.postgres_logical)
+        self.on_stored: Callable[[str, int], None] | None = None
+
+    def reset(self, stored: Checkpoint | None) -> None:
+        """Go on from ``stored``, the streaming checkpoint Redis holds (None: none)."""
+        position = None if stored is None else stored.version
+        self.line.reset(position, fresh_at=stored_freshness(stored, self.line))
+        if position is not None and self.on_stored is not None:
+            self.on_stored(self.table, position)
 
     async def complete(self, *, block: bool) -> None:
         """Advance ``applied`` over the finished reads at the head of the line
@@ -51,6 +62,8 @@ class CheckpointKeeper:
             return
         await self.redis.observe(self.manager.set_checkpoint(self.table, applied, state, fence=self.fence))
         self.line.persisted_now()
+        if state == "streaming" and self.on_stored is not None:
+            self.on_stored(self.table, applied)
 
     async def flush(self, *, quietly: bool = False) -> None:
         """Persist the checkpoint of everything applied so far (shutdown).

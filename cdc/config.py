@@ -54,6 +54,9 @@ class SourceConfig:
     connect_timeout: float = 10.0
     query_timeout: float = 60.0
     notify: bool = True  # postgres: LISTEN for the triggers' wake-ups; false: poll on the backoff alone
+    capture: Literal["triggers", "logical"] = "triggers"  # postgres: row triggers, or logical decoding
+    # postgres logical capture: whose slots these are (cdc.cleanup_job.deployment_name)
+    deployment: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -261,6 +264,8 @@ def _build(data: dict[str, Any], lines: Lines, name: str) -> Config:
     tables = tuple(_build_table(t, i, lines, entry_lines[i], name) for i, t in enumerate(data["tables"]))
     _check_unique(tables)
     _check_dsn(source["dsn"])
+    if source.get("capture", "triggers") != "triggers" and source["kind"] != "postgres":
+        raise FieldError(("source", "capture"), "logical capture is for postgres only: remove the key")
     _check_redis_url(redis)
     return Config(
         source=SourceConfig(
@@ -272,6 +277,8 @@ def _build(data: dict[str, Any], lines: Lines, name: str) -> Config:
             connect_timeout=_duration(source.get("connect_timeout", "10s"), ("source", "connect_timeout")),
             query_timeout=_duration(source.get("query_timeout", "60s"), ("source", "query_timeout")),
             notify=source.get("notify", True),
+            capture=source.get("capture", "triggers"),
+            deployment=_deployment(redis),
         ),
         redis=RedisConfig(
             url=redis.get("url", RedisConfig.url),
@@ -293,6 +300,19 @@ def _build(data: dict[str, Any], lines: Lines, name: str) -> Config:
         tables=tables,
         path=name,
     )
+
+
+def _deployment(redis: dict[str, Any]) -> str:
+    """``cdc.cleanup_job.deployment_name`` of the file's redis section (logical
+    capture names its slots after it)."""
+    from cdc.cleanup_job import deployment_name  # it imports this module
+
+    config = RedisConfig(
+        url=redis.get("url", RedisConfig.url),
+        cluster=redis.get("cluster", False),
+        namespace=redis.get("namespace", "cdc"),
+    )
+    return deployment_name(config)
 
 
 def _duration(value: Any, where: tuple[str | int, ...]) -> float:

@@ -76,6 +76,12 @@ class Metrics:
             ["table"],
             registry=r,
         )
+        self.slot_retained_wal = Gauge(
+            "cdc_slot_retained_wal_bytes",
+            "Bytes of WAL the table's replication slot keeps (logical capture), as of its latest read",
+            ["table"],
+            registry=r,
+        )
         self.backoff_step = Gauge(
             "cdc_backoff_step", "Empty-poll backoff step (-1: polling back to back)", ["table"], registry=r
         )

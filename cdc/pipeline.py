@@ -134,7 +134,7 @@ class Pipeline:
         return next(t for t in self.trackers if t.table.lower() == table.lower())
 
     def _tracker(self, table_config: TableConfig) -> ChangeTracker:
-        return ChangeTracker(
+        tracker = ChangeTracker(
             table_config,
             source=self.source,
             manager=self.manager,
@@ -144,6 +144,9 @@ class Pipeline:
             max_row_bytes=self.config.worker.max_row_bytes,
             redis=self.redis,
         )
+        # a logical-decoding source moves the table's slot up to the checkpoint Redis holds
+        tracker.checkpoints.on_stored = getattr(self.source, "checkpoint_stored", None)
+        return tracker
 
     # -- running ----------------------------------------------------------------
 

@@ -48,6 +48,9 @@ class TableGauges:
         self.checkpoints.update_lag()
         self.checkpoints.update_headroom(retention)
         self.backoff_step()
+        retained = getattr(self.source, "retained_wal", {}).get(self.table)  # logical capture's slots
+        if retained is not None:
+            self.metrics.slot_retained_wal.labels(self.table).set(retained)
 
     def _known_quiet(self, info: TableInfo | None, position: int | None) -> bool:
         """Every read applied, Redis answering, and the source knows a read now
@@ -71,5 +74,6 @@ class TableGauges:
         self._parked = True
         self.health.state = "stopped"
         self.checkpoints.forget_metrics()
-        with contextlib.suppress(KeyError):
-            self.metrics.backoff_step.remove(self.table)
+        for gauge in (self.metrics.backoff_step, self.metrics.slot_retained_wal):
+            with contextlib.suppress(KeyError):
+                gauge.remove(self.table)

@@ -42,7 +42,7 @@ from cdc import snapshot_range
 from cdc.backoff import EmptyPollBackoff
 from cdc.batching import AutoBatchWorker, Ticket
 from cdc.checkpoint import CheckpointLine
-from cdc.checkpoints import CheckpointKeeper, stored_freshness
+from cdc.checkpoints import CheckpointKeeper
 from cdc.config import TableConfig
 from cdc.describer import Describer
 from cdc.errors import (
@@ -170,7 +170,7 @@ class ChangeTracker:
         checkpoint = await self.redis.observe(self.manager.get_checkpoint(self.table))
         stored = checkpoint if checkpoint is not None and checkpoint.state == "streaming" else None
         self.position = None if stored is None else stored.version
-        self.line.reset(self.position, fresh_at=stored_freshness(stored, self.line))
+        self.checkpoints.reset(stored)
         self._snapshot_request = self._snapshot_request or _unfinished_snapshot(checkpoint)
         self.gauges.running()
 

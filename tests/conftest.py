@@ -83,7 +83,8 @@ def postgres_server() -> Iterator[PostgresServer | None]:
         yield None
         return
     try:
-        server = PostgresServer().start()
+        # logical: the logical-decoding capture mode's tests (a slot per table; 10 by default)
+        server = PostgresServer(settings=("wal_level=logical", "max_replication_slots=100")).start()
     except ServerUnavailable as exc:
         unavailable(str(exc))
         return

@@ -44,12 +44,21 @@ create table {s}.lines (
 """
 
 
-def config_text(schema: str, postgres_dsn: str, redis_url: str, namespace: str, **worker: Any) -> str:
+def config_text(
+    schema: str,
+    postgres_dsn: str,
+    redis_url: str,
+    namespace: str,
+    *,
+    capture: str = "triggers",
+    **worker: Any,
+) -> str:
     worker_lines = "\n".join(f"  {k}: {v}" for k, v in {"health": "null", **worker}.items())
     return f"""
 source:
   kind: postgres
   dsn: {postgres_dsn}
+  capture: {capture}
   tracking_schema: {schema}_trk
 redis:
   url: {redis_url}
@@ -70,14 +79,31 @@ tables:
 """
 
 
-def make_config(schema: str, postgres_dsn: str, redis_url: str, namespace: str, **worker: Any) -> Config:
-    return parse_config(config_text(schema, postgres_dsn, redis_url, namespace, **worker), "<test>", {})
+def make_config(
+    schema: str,
+    postgres_dsn: str,
+    redis_url: str,
+    namespace: str,
+    *,
+    capture: str = "triggers",
+    **worker: Any,
+) -> Config:
+    text = config_text(schema, postgres_dsn, redis_url, namespace, capture=capture, **worker)
+    return parse_config(text, "<test>", {})
 
 
 def write_config(
-    path: Path, schema: str, postgres_dsn: str, redis_url: str, namespace: str, **worker: Any
+    path: Path,
+    schema: str,
+    postgres_dsn: str,
+    redis_url: str,
+    namespace: str,
+    *,
+    capture: str = "triggers",
+    **worker: Any,
 ) -> Path:
-    path.write_text(config_text(schema, postgres_dsn, redis_url, namespace, **worker), encoding="utf-8")
+    text = config_text(schema, postgres_dsn, redis_url, namespace, capture=capture, **worker)
+    path.write_text(text, encoding="utf-8")
     return path
 
 

@@ -52,7 +52,7 @@ same text).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from cdc.config import SourceConfig, TableConfig
@@ -85,6 +85,9 @@ from cdc.sources.pg_listen import NotificationListener, QuietReads, ReadStart
 from cdc.sources.pg_reads import HeldRead
 from cdc.sources.pg_sessions import Sessions
 
+# Each table's fingerprint (None: no such table), in one statement (logical capture adds its publication's).
+Shapes = Callable[[Connection, Sequence[TableConfig]], Awaitable[list[str | None]]]
+
 
 class PostgresSource:
     """``ChangeSource`` for PostgreSQL; see the module docstring."""
@@ -103,6 +106,7 @@ class PostgresSource:
         self._listener = NotificationListener(self._sessions.open, channel=config.tracking_schema)
         self._quiet = QuietReads(self._listener)
         self.reads_skipped = 0  # reads answered without a round trip (see pg_listen)
+        self._fingerprints: Shapes = lambda conn, tables: pg_shape.fingerprints(conn, self._schema, tables)
 
     # -- connections (``pg_sessions``) ------------------------------------------
 
@@ -121,7 +125,7 @@ class PostgresSource:
         """The table as it is now, its fingerprint read first: should it change
         while the catalog is read, the next ``fingerprints`` differs from it."""
         async with self._sessions.reading(f"describe {table_config.table}") as conn:
-            fingerprint = (await pg_shape.fingerprints(conn, self._schema, [table_config]))[0]
+            fingerprint = (await self._fingerprints(conn, [table_config]))[0]
             found = await pg_catalog.find_table(conn, table_config.schema, table_config.name)
             if found is None:
                 renamed = await pg_status.renamed_to(conn, self._schema, table_config.table)
@@ -150,8 +154,7 @@ class PostgresSource:
     async def fingerprints(self, tables: Sequence[TableConfig]) -> dict[str, str | None]:
         """Each table's shape now, in one statement (``pg_shape``)."""
         async with self._sessions.reading("read table fingerprints", transaction=False) as conn:
-            found = await pg_shape.fingerprints(conn, self._schema, tables)
-        return {t.table: fingerprint for t, fingerprint in zip(tables, found, strict=True)}
+            return dict(zip((t.table for t in tables), await self._fingerprints(conn, tables), strict=True))
 
     async def current_version(self) -> int:
         async with self._sessions.reading("read the current version", transaction=False) as conn:

@@ -1037,3 +1037,19 @@ def test_the_config_reference_names_every_key() -> None:
     for key in _schema_keys(config_schema()):
         if key not in ("source", "redis", "worker", "tables"):
             assert f"`{key}`" in page, key
+
+
+# -- source.capture ------------------------------------------------------------
+
+
+def test_capture_defaults_to_triggers_and_logical_is_postgres_only(load: Load, fail: Fail) -> None:
+    postgres = "source:\n  kind: postgres\n  dsn: postgresql://h/db\n{capture}tables:\n  - table: s.t\n"
+    assert load(postgres.format(capture="")).source.capture == "triggers"
+    logical = load(postgres.format(capture="  capture: logical\n"))
+    assert logical.source.capture == "logical"
+    assert logical.source.deployment == "cdc at 127.0.0.1:6379/0"  # whose slots: namespace and Redis
+
+    failure = fail(postgres.replace("postgres\n", "mssql\n", 1).format(capture="  capture: logical\n"))
+
+    assert (failure.line, failure.field) == (4, "source.capture")
+    assert "postgres only" in failure.message

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import dataclasses
 import datetime as dt
 import decimal
 import uuid
@@ -51,6 +52,7 @@ from cdc.sources.mssql_dsn import parse_dsn
 from cdc.sources.mssql_types import register_converters
 from cdc.sources.pg_tracking import net_table_name
 from cdc.sources.postgres import PostgresSource
+from cdc.sources.postgres_logical import PostgresLogicalSource
 from cdc.templates import Template
 
 from .key_values import MEMORY_KEYS, MSSQL_KEYS, PG_KEYS, KeyValues
@@ -123,6 +125,11 @@ class SourceHarness(abc.ABC):
     source: ChangeSource
     # a column type the source must refuse to publish (None: every type a test can create is mirrored)
     unsupported_type: str | None
+    # whether an update's changed columns are known (logical decoding: None, the WAL has no old values)
+    knows_changed_columns: bool = True
+    # whether a read's rows of one version come in the database's key order (its collations);
+    # logical decoding sorts them in memory, by the values' Python order (its cursors follow it)
+    orders_changes_by_database_key: bool = True
 
     @abc.abstractmethod
     async def create_table(
@@ -490,6 +497,90 @@ class PostgresHarness(SourceHarness):
                 if await self.source.current_version() >= row[0] - 1:
                     return
                 await asyncio.sleep(0.01)  # a server-side condition: polled
+
+
+class PostgresLogicalHarness(PostgresHarness):
+    """PostgreSQL with ``capture: logical`` (``cdc.sources.postgres_logical``): a
+    publication and a replication slot per table, dropped at the end. Its
+    sessions commit synchronously (the test server's default is off): a read's
+    bound is the WAL flush position, which an asynchronous commit passes only
+    at the WAL writer's next round (200 ms)."""
+
+    kind = "postgres-logical"
+    knows_changed_columns = False
+    orders_changes_by_database_key = False
+
+    def __init__(self, dsn: str, schema: str, admin: psycopg.AsyncConnection[TupleRow]) -> None:
+        dsn = make_conninfo(dsn, options="-c synchronous_commit=on")
+        super().__init__(dsn, schema, admin)
+        self.source_config = dataclasses.replace(
+            self.source_config,
+            dsn=make_conninfo(self.source_config.dsn, options="-c synchronous_commit=on"),
+            capture="logical",
+            deployment=f"contract {self.application_name}",
+        )
+        self.pg_source = PostgresLogicalSource(self.source_config)
+        self.source = self.pg_source
+        self.tracked: list[TableConfig] = []
+
+    @classmethod
+    @asynccontextmanager
+    async def running(cls, request: pytest.FixtureRequest) -> AsyncIterator[SourceHarness]:
+        async with super().running(request) as harness:
+            assert isinstance(harness, PostgresLogicalHarness)
+            try:
+                yield harness
+            finally:
+                await harness.source.tracking_disable(harness.tracked)
+
+    async def create_table(
+        self,
+        name: str,
+        columns: Mapping[str, str],
+        key: Sequence[str],
+        *,
+        published: Sequence[str] | None = None,
+        track: bool = True,
+    ) -> TableConfig:
+        table_config = await super().create_table(name, columns, key, published=published, track=False)
+        if track:
+            self.tracked.append(table_config)
+            await self.source.tracking_enable([table_config])
+        return table_config
+
+    async def expire_tracking(self, table_config: TableConfig) -> None:
+        """What retention means here: the slot moved past what a checkpoint holds
+        (as after max_slot_wal_keep_size invalidated it and a snapshot made it again)."""
+        await self.settle()
+        slot = self.pg_source.slot(table_config.table, self.admin.info.dbname)
+        await self.admin.execute("select pg_replication_slot_advance(%s, pg_current_wal_flush_lsn())", [slot])
+
+    async def settle(self, timeout: float = 10.0) -> None:
+        """Wait until the WAL is flushed up to where it is written now. (The server
+        flushes an asynchronous commit within 200 ms, but not the records after
+        the last commit: a synchronous commit here flushes everything before it.)"""
+        row = await (
+            await self.admin.execute("select (pg_current_wal_insert_lsn() - '0/0')::bigint")
+        ).fetchone()
+        assert row is not None
+        await self.admin.execute("set synchronous_commit = on")
+        await self.admin.execute(
+            "select pg_current_xact_id()"
+        )  # its commit is flushed, and the WAL before it
+        async with asyncio.timeout(timeout):
+            while True:
+                if await self.source.current_version() >= row[0] - 1:
+                    return
+                await asyncio.sleep(0.01)  # a server-side condition: polled
+
+    @asynccontextmanager
+    async def another_source(self) -> AsyncIterator[ChangeSource]:
+        source = PostgresLogicalSource(self.source_config)
+        await source.connect()
+        try:
+            yield source
+        finally:
+            await source.close()
 
 
 # -- SQL Server ----------------------------------------------------------------
@@ -1084,6 +1175,7 @@ HarnessFactory = Callable[[pytest.FixtureRequest], AbstractAsyncContextManager[S
 HARNESSES: dict[str, HarnessFactory] = {
     "memory": MemoryHarness.running,
     "postgres": PostgresHarness.running,
+    "postgres-logical": PostgresLogicalHarness.running,
     "mssql": MssqlHarness.running,
 }
 

@@ -170,7 +170,7 @@ def _ddl(harness: SourceHarness) -> Ddl:
 
 
 # kind -> whether the contract's DDL steps run there
-DDL = ("memory", "mssql", "postgres")
+DDL = ("memory", "mssql", "postgres", "postgres-logical")
 
 
 @pytest.fixture(params=[kind for kind in sorted(HARNESSES) if kind in DDL])

@@ -1,0 +1,299 @@
+"""Logical decoding (``source.capture: logical``): what it needs on the server.
+
+Per tracked table and deployment, a publication of that table alone and a
+logical replication slot with the built-in ``pgoutput`` plugin, both named
+``slot_name`` (a deployment is the config's namespace and Redis server:
+``cdc.cleanup_job.deployment_name``; several may share one database, each
+with its own slots, so that none advances a slot past another's
+checkpoint). One slot per table, not per deployment: each table's slot moves
+with that table's checkpoint alone, as the trigger mode's per-table
+checkpoints do, with no reader shared between trackers. The price: every
+slot decodes the whole database's WAL, and ``max_replication_slots``
+(default 10) bounds the tables a server can follow (docs/POSTGRES.md §6).
+
+A slot keeps every WAL segment from its ``restart_lsn`` on: an abandoned one
+(the sidecar gone for good, its tracking not disabled) fills the disk.
+``cdc tracking disable`` drops it; ``max_slot_wal_keep_size`` caps what a
+slot may hold (the server then invalidates it, and the table is snapshotted
+again).
+
+Versions are LSNs as integers: a change's version is where its
+transaction's commit record starts (``Transaction.commit_lsn``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from cdc.errors import SourceError, TrackingExpired, TrackingNotEnabled
+from cdc.sources.pg_catalog import CatalogTable, Connection
+
+
+def slot_name(deployment: str, database: str, table: str) -> str:
+    """``cdc_<table>_<hash>``: at most 63 characters of [a-z0-9_] (a slot's
+    rule), unique per deployment, database (slots are the cluster's) and table."""
+    digest = hashlib.sha256(f"{deployment}\0{database}\0{table}".encode()).hexdigest()[:16]
+    readable = re.sub(r"[^a-z0-9_]", "_", table.lower())[:40]
+    return f"cdc_{readable}_{digest}"
+
+
+# -- prerequisites -----------------------------------------------------------------
+
+
+_PREREQUISITES = """
+select current_setting('wal_level'), r.rolreplication or r.rolsuper, current_user,
+       has_database_privilege(current_database(), 'CREATE'),
+       current_setting('max_replication_slots')::int,
+       (select count(*) from pg_replication_slots)::int
+  from pg_roles r where r.rolname = current_user
+"""
+
+
+async def check_prerequisites(conn: Connection, new_slots: int) -> None:
+    """Raise one ``SourceError`` naming every prerequisite the server or role misses."""
+    row = await (await conn.execute(_PREREQUISITES)).fetchone()
+    assert row is not None
+    wal_level, replication, role, create, max_slots, slots = row
+    missing = []
+    if wal_level != "logical":
+        missing.append(
+            f"wal_level is {wal_level!r}, logical decoding needs 'logical': ALTER SYSTEM SET wal_level = "
+            "logical, then restart PostgreSQL (managed services: their logical replication setting)"
+        )
+    if not replication:
+        missing.append(
+            f"role {role} has no REPLICATION attribute (slots need it): ALTER ROLE {role} REPLICATION"
+        )
+    if not create:
+        missing.append(
+            f"role {role} cannot create publications in this database: GRANT CREATE ON DATABASE "
+            f"{conn.info.dbname} TO {role}"
+        )
+    if slots + new_slots > max_slots:
+        missing.append(
+            f"max_replication_slots is {max_slots} and {slots} slots exist: {new_slots} more are needed "
+            "(one per table): raise it, then restart PostgreSQL"
+        )
+    if missing:
+        raise SourceError("source.capture is logical, but: " + "; ".join(missing))
+
+
+async def check_replica_identity(conn: Connection, table: str, found: CatalogTable) -> None:
+    """The primary key (REPLICA IDENTITY DEFAULT) or the whole row (FULL) in
+    the WAL of an UPDATE or DELETE: with NOTHING, a published table refuses
+    them; with USING INDEX, the old key would be another index's columns."""
+    row = await (
+        await conn.execute("select relreplident from pg_class where oid = %s", [found.oid])
+    ).fetchone()
+    if row is not None and row[0] not in ("d", "f"):
+        raise SourceError(
+            f"{table}: its REPLICA IDENTITY is {'NOTHING' if row[0] == 'n' else 'USING INDEX'}; logical "
+            f"capture needs the primary key in the WAL: ALTER TABLE {found.qualified} REPLICA IDENTITY DEFAULT"
+        )
+
+
+# -- enable and disable --------------------------------------------------------------
+
+
+async def ensure_publication(conn: Connection, name: str, table: CatalogTable) -> bool:
+    """The table's publication (its changes as the partitioned root's, for a
+    partitioned table); whether it was created."""
+    found = await (await conn.execute("select 1 from pg_publication where pubname = %s", [name])).fetchone()
+    if found is not None:
+        return False
+    options = sql.SQL(" with (publish_via_partition_root = true)") if table.partitioned else sql.SQL("")
+    await conn.execute(
+        sql.SQL("create publication {} for table {}{}").format(
+            sql.Identifier(name), sql.Identifier(table.schema, table.name), options
+        )
+    )
+    return True
+
+
+async def ensure_slot(conn: Connection, name: str) -> bool:
+    """The slot (autocommit: a slot is not created inside a transaction that
+    wrote); whether it was created. Creating one waits for the transactions
+    running then to end (its consistent point)."""
+    state = await slot_state(conn, name)
+    if state is not None and not state.lost:
+        return False
+    if state is not None:
+        await drop_slot(conn, name)
+    try:
+        await conn.execute("select pg_create_logical_replication_slot(%s, 'pgoutput')", [name])
+    except psycopg.errors.DuplicateObject:
+        return False  # another sidecar made it meanwhile
+    return True
+
+
+async def drop_slot(conn: Connection, name: str, attempts: int = 50) -> bool:
+    """Drop the slot if it exists; a slot in use by a read (a peek lasts
+    milliseconds) is tried again for a while. Whether one was dropped."""
+    for _ in range(attempts):
+        try:
+            row = await (
+                await conn.execute(
+                    "select pg_drop_replication_slot(slot_name) from pg_replication_slots where slot_name = %s",
+                    [name],
+                )
+            ).fetchone()
+            return row is not None
+        except psycopg.errors.ObjectInUse:
+            await asyncio.sleep(0.1)
+    raise SourceError(f"replication slot {name} stays in use: stop the sidecar that reads it, then retry")
+
+
+async def drop_publication(conn: Connection, name: str) -> bool:
+    found = await (await conn.execute("select 1 from pg_publication where pubname = %s", [name])).fetchone()
+    if found is None:
+        return False
+    await conn.execute(sql.SQL("drop publication {}").format(sql.Identifier(name)))
+    return True
+
+
+# -- a read's window ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SlotState:
+    confirmed: int  # confirmed_flush_lsn: decoding skips commits that start below it
+    retained: int  # bytes of WAL the slot holds (from its restart_lsn to the insert position)
+    lost: bool  # invalidated (max_slot_wal_keep_size), or its WAL removed
+
+
+async def slot_state(conn: Connection, name: str) -> SlotState | None:
+    row = await (
+        await conn.execute(
+            "select (confirmed_flush_lsn - '0/0')::bigint, pg_wal_lsn_diff(pg_current_wal_insert_lsn(),"
+            " restart_lsn)::bigint, coalesce(wal_status = 'lost', false) or restart_lsn is null"
+            " from pg_replication_slots where slot_name = %s",
+            [name],
+        )
+    ).fetchone()
+    return None if row is None else SlotState(int(row[0] or 0), int(row[1] or 0), bool(row[2]))
+
+
+@dataclass(frozen=True)
+class Window:
+    """What a read checks before it decodes (``window``)."""
+
+    flush: int  # pg_current_wal_flush_lsn(): every commit starting below it is decodable
+    insert: int  # pg_current_wal_insert_lsn(): no commit ever starts below it later
+    published: bool  # the publication exists and holds the table
+    slot: SlotState | None
+
+
+_WINDOW = """
+select (pg_current_wal_flush_lsn() - '0/0')::bigint, (pg_current_wal_insert_lsn() - '0/0')::bigint,
+       exists (select from pg_publication_tables p where p.pubname = %(name)s
+                and p.schemaname = %(schema)s and p.tablename = %(table)s),
+       (s.confirmed_flush_lsn - '0/0')::bigint,
+       pg_wal_lsn_diff(pg_current_wal_insert_lsn(), s.restart_lsn)::bigint,
+       coalesce(s.wal_status = 'lost', false) or s.restart_lsn is null, s.slot_name is not null
+  from (select 1) as one left join pg_replication_slots s on s.slot_name = %(name)s
+"""
+
+
+async def window(conn: Connection, name: str, schema: str, table: str) -> Window:
+    row = await (await conn.execute(_WINDOW, {"name": name, "schema": schema, "table": table})).fetchone()
+    assert row is not None
+    flush, insert, published, confirmed, retained, lost, exists = row
+    slot = SlotState(int(confirmed or 0), int(retained or 0), bool(lost)) if exists else None
+    return Window(int(flush), int(insert), bool(published), slot)
+
+
+def check_window(table: str, since: int, found: Window) -> None:
+    """Raise when the table's changes are not captured for this deployment,
+    or a read from ``since`` could miss some."""
+    if not found.published:
+        raise TrackingNotEnabled(
+            f"{table}: change tracking (logical decoding) is not enabled: no publication holds the table "
+            f"(cdc tracking enable --table {table})"
+        )
+    if found.slot is None:
+        raise TrackingExpired(table, "its replication slot is gone (dropped by hand?): snapshotting again")
+    if found.slot.lost:
+        raise TrackingExpired(
+            table,
+            "its replication slot was invalidated (max_slot_wal_keep_size: the sidecar fell too far behind)",
+        )
+    if since >= found.insert:
+        raise TrackingExpired(
+            table, f"the source's WAL position {found.insert} is not above the checkpoint {since}: restored?"
+        )
+    # decoding skips commits starting below confirmed; the read needs every one above since
+    if found.slot.confirmed > since + 1:
+        raise TrackingExpired(
+            table, f"its replication slot was advanced to {found.slot.confirmed}, past the checkpoint {since}"
+        )
+
+
+async def advance(conn: Connection, name: str, to: int) -> None:
+    await conn.execute("select pg_replication_slot_advance(%s, %s::text::pg_lsn)", [name, lsn_text(to)])
+
+
+def lsn_text(value: int) -> str:
+    return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
+
+
+async def peek(conn: Connection, name: str, upto_lsn: int, upto_changes: int | None) -> list[bytes]:
+    """The slot's pgoutput messages of the transactions committing up to
+    ``upto_lsn`` (whole transactions: a transaction's rows are written at
+    its commit, and the count is checked between WAL records)."""
+    cursor = await conn.execute(
+        "select data from pg_logical_slot_peek_binary_changes(%s, %s::text::pg_lsn, %s,"
+        " 'proto_version', '1', 'publication_names', %s)",
+        [name, lsn_text(upto_lsn), upto_changes, name],
+        binary=True,
+    )
+    return [bytes(row[0]) for row in await cursor.fetchall()]
+
+
+# -- a snapshot's version -------------------------------------------------------------
+
+# Transactions that had written their commit record when the version was read
+# may not be visible yet (between the record and the end of the transaction:
+# the WAL flush, a synchronous standby's answer). The snapshot waits for them.
+# (backend_xid is a 32-bit xid, pg_snapshot_xip's are 64-bit: epoch and xid.)
+_STILL_RUNNING = """
+select count(*) from pg_snapshot_xip(%s::pg_snapshot) as x(xid)
+ where x.xid in (select pg_snapshot_xip(pg_current_snapshot()))
+   and not exists (select from pg_stat_activity a
+                    where a.backend_xid::text = (x.xid::text::bigint %% 4294967296)::text
+                      and a.state in ('idle in transaction', 'idle in transaction (aborted)'))
+"""
+
+
+async def position_before(conn: Connection) -> tuple[int, str]:
+    """The WAL insert position, then a snapshot taken after it (as text): two
+    statements, since a statement's snapshot is taken before its select list
+    runs."""
+    position = await (await conn.execute("select (pg_current_wal_insert_lsn() - '0/0')::bigint")).fetchone()
+    snapshot = await (await conn.execute("select pg_current_snapshot()::text")).fetchone()
+    assert position is not None and snapshot is not None
+    return int(position[0]), str(snapshot[0])
+
+
+async def all_visible(conn: Connection, before: str) -> bool:
+    """Inside the snapshot's transaction (this statement fixes its snapshot
+    when it is the first): whether none of ``before``'s running transactions
+    may still be committing.
+
+    The snapshot's version ``v`` is the position ``position_before`` read,
+    minus one. A commit record below that position was written before
+    ``before`` was taken, so its transaction had ended then or is in
+    ``before``'s running set; once none of those runs in the transaction's
+    snapshot any more (one idle inside a transaction block cannot be
+    committing), every commit that starts at or below ``v`` is visible in it.
+    A later commit starts above ``v``, and the catch-up from ``v`` applies it
+    (again, if the snapshot had it already: with a higher version, harmless).
+    ``v`` is not the slot's confirmed position: that one may lie before a
+    TRUNCATE the snapshot follows, which the catch-up would meet again."""
+    row = await (await conn.execute(_STILL_RUNNING, [before])).fetchone()
+    return row is not None and int(row[0]) == 0
