@@ -117,6 +117,18 @@ class RedisServer:
         wait_until(lambda: _port_open(self.port), 20, f"redis-server on port {self.port}")
         return self
 
+    def start_config(self) -> RedisServer:
+        """Start with ``extra`` alone (a config file and its flags: a sentinel)."""
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise ServerUnavailable("redis-server is not installed (apt-get install redis-server)")
+        self.proc = subprocess.Popen(
+            [binary, *self.extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=self.own_session,
+        )  # fmt: skip
+        wait_until(lambda: _port_open(self.port), 20, f"redis-server on port {self.port}")
+        return self
+
     def stop(self) -> None:
         _terminate(self.proc)
         self.proc = None
@@ -180,6 +192,116 @@ class RedisCluster:
     def cleanup(self) -> None:
         for node in self.nodes:
             node.cleanup()
+
+
+@dataclass
+class SentinelGroup:
+    """A primary, ``replicas`` replicas and ``sentinels`` sentinels watching
+    them as ``master``, on loopback. With ``password`` the data nodes require
+    it of the ``default`` user and have an ACL user ``cdc`` with it; the
+    sentinels require ``sentinel_password`` likewise."""
+
+    master: str = "cdcmaster"
+    replicas: int = 1
+    sentinels: int = 3
+    password: str = ""
+    sentinel_password: str = ""
+    appendfsync: str = "always"
+    down_after_ms: int = 1000
+    data: list[RedisServer] = field(default_factory=list)  # [0]: the first primary
+    watchers: list[RedisServer] = field(default_factory=list)
+
+    def start(self) -> SentinelGroup:
+        try:
+            return self._start()
+        except BaseException:
+            self.cleanup()
+            raise
+
+    def _start(self) -> SentinelGroup:
+        primary = RedisServer(appendonly=True, extra=self._data_args(None)).start()
+        self.data.append(primary)
+        for _ in range(self.replicas):
+            self.data.append(RedisServer(appendonly=True, extra=self._data_args(primary.port)).start())
+        wait_until(self._replicas_online, 30, "the replicas to sync", interval=0.05)
+        for _ in range(self.sentinels):
+            watcher = RedisServer()
+            conf = watcher.directory / "sentinel.conf"
+            conf.write_text(self._sentinel_conf(watcher, primary.port))
+            watcher.extra = (str(conf), "--sentinel")
+            self.watchers.append(watcher.start_config())
+        wait_until(self._sentinels_agree, 30, "the sentinels to see each other", interval=0.1)
+        return self
+
+    def _data_args(self, replica_of: int | None) -> tuple[str, ...]:
+        args: tuple[str, ...] = ("--appendfsync", self.appendfsync)
+        if self.password:
+            args += ("--requirepass", self.password, "--masterauth", self.password)
+            args += ("--user", "cdc", "on", f">{self.password}", "~*", "&*", "+@all")
+        if replica_of is not None:
+            args += ("--replicaof", "127.0.0.1", str(replica_of))
+        return args
+
+    def _sentinel_conf(self, watcher: RedisServer, primary: int) -> str:
+        lines = [
+            f"port {watcher.port}", "bind 127.0.0.1", "protected-mode no", f"dir {watcher.directory}",
+            f"sentinel monitor {self.master} 127.0.0.1 {primary} {self.sentinels // 2 + 1}",
+            f"sentinel down-after-milliseconds {self.master} {self.down_after_ms}",
+            f"sentinel failover-timeout {self.master} 10000",
+        ]  # fmt: skip
+        if self.password:
+            lines.append(f"sentinel auth-pass {self.master} {self.password}")
+        if self.sentinel_password:
+            lines += [
+                f"requirepass {self.sentinel_password}",
+                f"sentinel sentinel-pass {self.sentinel_password}",
+            ]
+            lines.append(f"user cdc on >{self.sentinel_password} +@all")
+        return "\n".join(lines) + "\n"
+
+    def cli(self, port: int, *command: str, password: str | None = None) -> str:
+        """A redis-cli command's output (as the ``default`` user)."""
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            raise ServerUnavailable("redis-cli is not installed (apt-get install redis-tools)")
+        auth = password if password is not None else self.password
+        env = {**os.environ, "REDISCLI_AUTH": auth} if auth else None
+        done = subprocess.run([cli, "-p", str(port), *command], capture_output=True, text=True, env=env)
+        return done.stdout
+
+    def _replicas_online(self) -> bool:
+        info = self.cli(self.data[0].port, "info", "replication")
+        return f"connected_slaves:{self.replicas}" in info and info.count("state=online") == self.replicas
+
+    def _sentinels_agree(self) -> bool:
+        for watcher in self.watchers:
+            out = self.cli(watcher.port, "sentinel", "master", self.master, password=self.sentinel_password)
+            fields = out.split("\n")
+            values = dict(zip(fields[::2], fields[1::2], strict=False))
+            if values.get("num-other-sentinels") != str(self.sentinels - 1):
+                return False
+            if values.get("num-slaves") != str(self.replicas):
+                return False
+        return True
+
+    def primary_port(self) -> int:
+        """The port the sentinels name as the primary now."""
+        out = self.cli(
+            self.watchers[0].port, "sentinel", "get-master-addr-by-name", self.master,
+            password=self.sentinel_password,
+        ).split()  # fmt: skip
+        return int(out[1])
+
+    def node(self, port: int) -> RedisServer:
+        return next(node for node in self.data if node.port == port)
+
+    @property
+    def nodes(self) -> tuple[tuple[str, int], ...]:
+        return tuple(("127.0.0.1", watcher.port) for watcher in self.watchers)
+
+    def cleanup(self) -> None:
+        for server in (*self.watchers, *self.data):
+            server.cleanup()
 
 
 # -- PostgreSQL --------------------------------------------------------------
