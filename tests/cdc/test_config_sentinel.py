@@ -129,3 +129,8 @@ def test_a_sentinel_password_written_in_the_file_is_warned_about_by_line(tmp_pat
 def test_each_mistake_names_its_line_and_field(tmp_path: Path, redis: str, expected: str) -> None:
     message = failure(tmp_path, redis, {"P": PASSWORD})
     assert message.startswith(expected), message
+
+
+def test_durability_with_cluster_is_refused_until_it_is_built(tmp_path: Path) -> None:
+    message = failure(tmp_path, "cluster: true\ndurability: {replicas: 1}\n")
+    assert message.startswith("8: redis.durability: not supported with cluster: true yet"), message
