@@ -26,7 +26,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
 from cdc.config import Config, parse_config
-from cdc.devservers import SentinelGroup, ServerUnavailable, free_port
+from cdc.devsentinel import SentinelGroup
+from cdc.devservers import ServerUnavailable, free_port
 from publishers.layout import Layout
 from publishers.sentinel import sentinel_client
 from publishers.settings import SentinelConfig

@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator, Iterator
 import orjson
 import pytest
 
-from cdc.devservers import SentinelGroup, ServerUnavailable, wait_until
+from cdc.devsentinel import SentinelGroup
+from cdc.devservers import ServerUnavailable, wait_until
 from publishers.errors import ConnectError, RedisUnavailable
 from publishers.manager import DataManager
 from publishers.model import Change
@@ -118,3 +119,28 @@ async def test_a_wrong_password_is_a_connect_error_that_never_shows_one(
         assert secret not in message
     assert f"master '{group.master}' through the sentinels at 127.0.0.1:{group.watchers[0].port}" in message
     assert ("No master found" if wrong == "sentinel" else "invalid username-password pair") in message
+
+
+@pytest.fixture(scope="module")
+def tls_group() -> Iterator[SentinelGroup]:
+    group = SentinelGroup(password=PASSWORD, sentinel_password=SENTINEL_PASSWORD, tls=True)
+    try:
+        group.start()
+    except ServerUnavailable as exc:
+        unavailable(str(exc))
+    yield group
+    group.cleanup()
+
+
+async def test_tls_and_acl_on_both_the_sentinels_and_the_primary(tls_group: SentinelGroup) -> None:
+    """Every server listens on TLS only; the URLs carry the CA as redis-py's ``ssl_ca_certs``."""
+    ca = f"ssl_ca_certs={tls_group.ca}"
+    sentinel = SentinelConfig(tls_group.master, tls_group.nodes, f"rediss://cdc:{SENTINEL_PASSWORD}@?{ca}")
+    settings = RedisConfig(url=f"rediss://cdc:{PASSWORD}@/0?{ca}", sentinel=sentinel, namespace="tls")
+    async with await DataManager.connect(settings) as manager:
+        assert (await manager.apply([change(1, 10)])).published == 1
+        assert await manager.document("p", "items", "1") is not None
+    plain = SentinelConfig(tls_group.master, tls_group.nodes, f"redis://cdc:{SENTINEL_PASSWORD}@")
+    with pytest.raises(ConnectError) as raised:  # a plain connection to a TLS sentinel
+        await DataManager.connect(RedisConfig(url=f"rediss://cdc:{PASSWORD}@/0?{ca}", sentinel=plain))
+    assert PASSWORD not in str(raised.value) and SENTINEL_PASSWORD not in str(raised.value)
