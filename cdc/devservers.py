@@ -146,9 +146,10 @@ class RedisServer:
 
 @dataclass
 class RedisCluster:
-    """A Redis Cluster of ``masters`` masters (no replicas) on loopback."""
+    """A Redis Cluster of ``masters`` masters, each with ``replicas`` replicas, on loopback."""
 
     masters: int = 3
+    replicas: int = 0
     nodes: list[RedisServer] = field(default_factory=list)
 
     @property
@@ -163,7 +164,7 @@ class RedisCluster:
             raise
 
     def _start(self) -> RedisCluster:
-        for _ in range(self.masters):
+        for _ in range(self.masters * (1 + self.replicas)):
             node = RedisServer(
                 port=free_cluster_port(), extra=("--cluster-enabled", "yes", "--cluster-node-timeout", "5000")
             )
@@ -174,7 +175,15 @@ class RedisCluster:
             raise ServerUnavailable("redis-cli is not installed (apt-get install redis-tools)")
         addresses = [f"127.0.0.1:{n.port}" for n in self.nodes]
         subprocess.run(
-            [cli, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
+            [
+                cli,
+                "--cluster",
+                "create",
+                *addresses,
+                "--cluster-replicas",
+                str(self.replicas),
+                "--cluster-yes",
+            ],
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -184,7 +193,13 @@ class RedisCluster:
             out = subprocess.run(
                 [cli, "-p", str(self.nodes[0].port), "cluster", "info"], capture_output=True, text=True
             ).stdout
-            return "cluster_state:ok" in out
+            if "cluster_state:ok" not in out:
+                return False
+            nodes = subprocess.run(
+                [cli, "-p", str(self.nodes[0].port), "cluster", "nodes"], capture_output=True, text=True
+            ).stdout  # every node known and connected (a replica too)
+            replicas = sum(" slave " in line or ",slave " in line for line in nodes.splitlines())
+            return nodes.count(" connected") == len(self.nodes) and replicas == self.masters * self.replicas
 
         wait_until(ready, 30, "the Redis Cluster to be ready", interval=0.1)
         return self
