@@ -134,3 +134,13 @@ def test_each_mistake_names_its_line_and_field(tmp_path: Path, redis: str, expec
 def test_durability_with_cluster_is_refused_until_it_is_built(tmp_path: Path) -> None:
     message = failure(tmp_path, "cluster: true\ndurability: {replicas: 1}\n")
     assert message.startswith("8: redis.durability: not supported with cluster: true yet"), message
+
+
+def test_two_sentinel_deployments_are_told_apart_without_their_passwords(tmp_path: Path) -> None:
+    from cdc.cleanup_job import deployment_name
+
+    names = set()
+    for master in ("alpha", "beta"):
+        redis = f"url: redis://cdc:{PASSWORD}@/0\nsentinel: {{master: {master}, nodes: ['h2:2', 'h1:1']}}\n"
+        names.add(deployment_name(load(tmp_path, redis).redis))  # type: ignore[attr-defined]
+    assert names == {"cdc at sentinel alpha@h1:1,h2:2/0", "cdc at sentinel beta@h1:1,h2:2/0"}
