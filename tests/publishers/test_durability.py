@@ -52,8 +52,11 @@ async def replica_client(pair: tuple[RedisServer, RedisServer]) -> AsyncIterator
     await client.aclose()
 
 
-def config(primary: RedisServer, replicas: int = 1) -> RedisConfig:
-    return RedisConfig(url=primary.url, namespace="du", durability=Durability(replicas=replicas, timeout=0.2))
+def config(primary: RedisServer, replicas: int = 1, timeout: float = 0.2) -> RedisConfig:
+    """0.2 s: the tests that expect a WAIT to fall short wait that long for it."""
+    return RedisConfig(
+        url=primary.url, namespace="du", durability=Durability(replicas=replicas, timeout=timeout)
+    )
 
 
 def changes(first: int, count: int, version: int) -> list[Change]:
@@ -67,7 +70,8 @@ def changes(first: int, count: int, version: int) -> list[Change]:
 async def test_an_apply_returns_once_the_replica_holds_its_writes(
     pair: tuple[RedisServer, RedisServer], replica_client: aioredis.Redis
 ) -> None:
-    async with await DataManager.connect(config(pair[0])) as manager:
+    # A generous WAIT: on a loaded machine 0.2 s fell short once (2 cores, four test suites)
+    async with await DataManager.connect(config(pair[0], timeout=10)) as manager:
         for round_ in range(20):
             result = await manager.apply(changes(round_ * 50, 50, 10))
             assert result.published == 50
