@@ -39,7 +39,10 @@ def deployment_name(redis: RedisConfig) -> str:
     (two configs writing one namespace of one Redis are one deployment). No
     user name nor password: it is stored in the source database."""
     parts = urlsplit(redis.url)
-    if parts.scheme == "unix":  # the query may hold a password: only its database
+    if redis.sentinel is not None:  # the url names no host: the sentinels and the master name do
+        nodes = ",".join(sorted(f"{host}:{port}" for host, port in redis.sentinel.nodes))
+        where = f"sentinel {redis.sentinel.master}@{nodes}/{parts.path.strip('/') or '0'}"
+    elif parts.scheme == "unix":  # the query may hold a password: only its database
         where = f"{parts.path}/{parse_qs(parts.query).get('db', ['0'])[0]}"
     else:
         host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from cdc.config_addresses import check_redis_url, parse_health_address
+from cdc.config_addresses import parse_health_address
+from cdc.config_redis import build_redis
 from cdc.config_schema import NOT_SHOWN, is_secret, validate
 from cdc.config_schema import config_schema as config_schema  # re-exported: tests and docs read it here
 from cdc.config_yaml import FieldError, Lines, cut, load_yaml, locate, shown
@@ -99,7 +100,7 @@ class LiteralSecret:
     """A field whose password is written in the file itself, not brought in by
     a ``${VAR}`` reference: where it is, never what it is."""
 
-    field: str  # "source.dsn" or "redis.url"
+    field: str  # "source.dsn", "redis.url" or "redis.sentinel.url"
     line: int
 
     def warning(self, path: str) -> str:
@@ -180,7 +181,11 @@ def _parse_config(text: str, name: str, environ: Mapping[str, str]) -> Config:
 
 # -- secrets written in the file ---------------------------------------------
 
-_SECRET_FIELDS: tuple[tuple[str, str], ...] = (("source", "dsn"), ("redis", "url"))
+_SECRET_FIELDS: tuple[tuple[str, ...], ...] = (
+    ("source", "dsn"),
+    ("redis", "url"),
+    ("redis", "sentinel", "url"),
+)
 
 
 def _literal_secrets(data: Any, lines: Lines) -> tuple[LiteralSecret, ...]:
@@ -190,18 +195,20 @@ def _literal_secrets(data: Any, lines: Lines) -> tuple[LiteralSecret, ...]:
     password found by syntax in what is left (``publishers.redaction.secrets_in``:
     ``user:pw@``, ``password=``, ``PWD=``...) was written there."""
     found = []
-    for section, key in _SECRET_FIELDS:
-        value = (
-            data.get(section, {}).get(key)
-            if isinstance(data, dict) and isinstance(data.get(section), dict)
-            else None
-        )
+    for path in _SECRET_FIELDS:
+        value = _at(data, path)
         if not isinstance(value, str):
             continue
         written = _ENV.sub(lambda match: match.group(2) or "", value)
         if secrets_in(written):
-            found.append(LiteralSecret(f"{section}.{key}", lines.get((section, key), 0)))
+            found.append(LiteralSecret(".".join(path), lines.get(path, 0)))
     return tuple(found)
+
+
+def _at(data: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        data = data.get(key) if isinstance(data, dict) else None
+    return data
 
 
 # -- ${VAR} expansion ------------------------------------------------------
@@ -266,7 +273,7 @@ def _build(data: dict[str, Any], lines: Lines, name: str) -> Config:
     _check_dsn(source["dsn"])
     if source.get("capture", "triggers") != "triggers" and source["kind"] != "postgres":
         raise FieldError(("source", "capture"), "logical capture is for postgres only: remove the key")
-    _check_redis_url(redis)
+    redis_config = build_redis(redis, _duration)
     return Config(
         source=SourceConfig(
             kind=source["kind"],
@@ -278,15 +285,9 @@ def _build(data: dict[str, Any], lines: Lines, name: str) -> Config:
             query_timeout=_duration(source.get("query_timeout", "60s"), ("source", "query_timeout")),
             notify=source.get("notify", True),
             capture=source.get("capture", "triggers"),
-            deployment=_deployment(redis),
+            deployment=_deployment(redis_config),
         ),
-        redis=RedisConfig(
-            url=redis.get("url", RedisConfig.url),
-            cluster=redis.get("cluster", False),
-            namespace=redis.get("namespace", "cdc"),
-            stream_max_len=redis.get("stream_max_len", 100_000),
-            tombstone_ttl=_duration(redis.get("tombstone_ttl", "7d"), ("redis", "tombstone_ttl")),
-        ),
+        redis=redis_config,
         worker=WorkerConfig(
             max_batch_size=worker.get("max_batch_size", 500),
             max_wait=_duration(worker.get("max_wait", "100ms"), ("worker", "max_wait")),
@@ -302,17 +303,12 @@ def _build(data: dict[str, Any], lines: Lines, name: str) -> Config:
     )
 
 
-def _deployment(redis: dict[str, Any]) -> str:
+def _deployment(redis: RedisConfig) -> str:
     """``cdc.cleanup_job.deployment_name`` of the file's redis section (logical
     capture names its slots after it)."""
     from cdc.cleanup_job import deployment_name  # it imports this module
 
-    config = RedisConfig(
-        url=redis.get("url", RedisConfig.url),
-        cluster=redis.get("cluster", False),
-        namespace=redis.get("namespace", "cdc"),
-    )
-    return deployment_name(config)
+    return deployment_name(redis)
 
 
 def _duration(value: Any, where: tuple[str | int, ...]) -> float:
@@ -426,12 +422,3 @@ def _health(value: str | None) -> tuple[str, int] | None:
         return parse_health_address(value)
     except ValueError as exc:
         raise FieldError(("worker", "health"), str(exc)) from None
-
-
-def _check_redis_url(redis: Mapping[str, Any]) -> None:
-    if "url" not in redis:
-        return
-    try:
-        check_redis_url(redis["url"], cluster=redis.get("cluster", False))
-    except ValueError as exc:
-        raise FieldError(("redis", "url"), f"{exc}; {NOT_SHOWN}") from None

@@ -29,7 +29,11 @@ from cdc.durations import parse_duration
 from cdc.errors import ConfigError
 
 # Fields that may hold a password: their values are never quoted in a message.
-SECRET_FIELDS: tuple[tuple[str, ...], ...] = (("source", "dsn"), ("redis", "url"))
+SECRET_FIELDS: tuple[tuple[str, ...], ...] = (
+    ("source", "dsn"),
+    ("redis", "url"),
+    ("redis", "sentinel", "url"),
+)
 NOT_SHOWN = "the value is not shown: it may hold a password"
 
 

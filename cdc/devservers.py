@@ -117,6 +117,18 @@ class RedisServer:
         wait_until(lambda: _port_open(self.port), 20, f"redis-server on port {self.port}")
         return self
 
+    def start_config(self) -> RedisServer:
+        """Start with ``extra`` alone (a config file and its flags: a sentinel)."""
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise ServerUnavailable("redis-server is not installed (apt-get install redis-server)")
+        self.proc = subprocess.Popen(
+            [binary, *self.extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=self.own_session,
+        )  # fmt: skip
+        wait_until(lambda: _port_open(self.port), 20, f"redis-server on port {self.port}")
+        return self
+
     def stop(self) -> None:
         _terminate(self.proc)
         self.proc = None
@@ -134,9 +146,10 @@ class RedisServer:
 
 @dataclass
 class RedisCluster:
-    """A Redis Cluster of ``masters`` masters (no replicas) on loopback."""
+    """A Redis Cluster of ``masters`` masters, each with ``replicas`` replicas, on loopback."""
 
     masters: int = 3
+    replicas: int = 0
     nodes: list[RedisServer] = field(default_factory=list)
 
     @property
@@ -151,7 +164,7 @@ class RedisCluster:
             raise
 
     def _start(self) -> RedisCluster:
-        for _ in range(self.masters):
+        for _ in range(self.masters * (1 + self.replicas)):
             node = RedisServer(
                 port=free_cluster_port(), extra=("--cluster-enabled", "yes", "--cluster-node-timeout", "5000")
             )
@@ -162,7 +175,15 @@ class RedisCluster:
             raise ServerUnavailable("redis-cli is not installed (apt-get install redis-tools)")
         addresses = [f"127.0.0.1:{n.port}" for n in self.nodes]
         subprocess.run(
-            [cli, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
+            [
+                cli,
+                "--cluster",
+                "create",
+                *addresses,
+                "--cluster-replicas",
+                str(self.replicas),
+                "--cluster-yes",
+            ],
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -170,13 +191,19 @@ class RedisCluster:
 
         # every node: each learns the slots by gossip, and answers CLUSTERDOWN until then
         def ready() -> bool:
-            return all(
-                "cluster_state:ok"
-                in subprocess.run(
+            states = (
+                subprocess.run(
                     [cli, "-p", str(n.port), "cluster", "info"], capture_output=True, text=True
                 ).stdout
                 for n in self.nodes
             )
+            if not all("cluster_state:ok" in state for state in states):
+                return False
+            nodes = subprocess.run(
+                [cli, "-p", str(self.nodes[0].port), "cluster", "nodes"], capture_output=True, text=True
+            ).stdout  # every node known and connected (a replica too)
+            replicas = sum(" slave " in line or ",slave " in line for line in nodes.splitlines())
+            return nodes.count(" connected") == len(self.nodes) and replicas == self.masters * self.replicas
 
         wait_until(ready, 30, "the Redis Cluster to be ready", interval=0.1)
         return self

@@ -48,6 +48,8 @@ from redis.asyncio.connection import ConnectionPool
 
 from publishers import redis_calls, scripts
 from publishers.connection import RedisClient
+from publishers.durability import Acknowledgements
+from publishers.errors import CdcError
 from publishers.layout import Layout
 from publishers.model import ApplyResult, Blocked, Change, timestamp
 from publishers.partition_sets import Pair, PartitionSets
@@ -194,6 +196,11 @@ class Applier:
         self.script = scripts.APPLY.text
         self.sha = scripts.APPLY.sha
         self._partition_sets = PartitionSets(client, layout, config.url)
+        self._acks = Acknowledgements(config.durability, layout)
+        if self._acks.on and isinstance(client, RedisCluster):
+            raise CdcError(
+                "redis.durability is not supported on a Redis Cluster yet (docs/REDIS.md, Durability)"
+            )
         self._header = (
             str(config.stream_max_len),
             str(max(1, round(config.tombstone_ttl * 1000))),
@@ -365,24 +372,31 @@ class Applier:
 
     async def _stream(self, pool: ConnectionPool, calls: list[_Call]) -> list[Reply]:
         """Pipeline the calls on one pooled connection; error replies come back
-        in their slot (a connection failure discards the connection)."""
+        in their slot (a connection failure discards the connection). With
+        ``redis.durability`` the round ends with WAIT on the same connection
+        (``publishers.durability``): too few replicas raise ``RedisUnavailable``."""
         conn = await pool.get_connection()  # type: ignore[no-untyped-call]
         try:
             for call in calls:
                 keys, args = call.command
                 await conn.send_command("EVALSHA", self.sha, len(keys), *keys, *args)
+            after = self._acks.commands(calls[0].partition) if self._acks.on else []
+            for command in after:
+                await conn.send_command(*command)
             replies: list[Reply] = []
-            for _ in calls:
+            for _ in range(len(calls) + len(after)):
                 try:
                     replies.append(await conn.read_response())
                 except rex.ResponseError as exc:
                     replies.append(exc)
-            return replies
         except BaseException:
             await conn.disconnect()
             raise
         finally:
             await pool.release(conn)
+        if after:
+            self._acks.settle(replies[len(calls) :])
+        return replies[: len(calls)]
 
     async def _send_one(self, call: _Call) -> Reply:
         """The reply, or the ResponseError a content failure raised."""

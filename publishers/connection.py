@@ -10,9 +10,9 @@ every message.
 
 from __future__ import annotations
 
+import re
 from typing import Any, TypeAlias
 
-import hiredis  # a dependency (redis[hiredis]): its C parser and command packer
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection, SSLConnection, UnixDomainSocketConnection
@@ -20,32 +20,18 @@ from redis.typing import EncodableT
 
 from publishers import redis_calls
 from publishers.errors import ConnectError
-from publishers.redaction import for_display
+from publishers.packing import pack as _pack
+from publishers.redaction import for_display, scrub_url
 from publishers.redis_calls import SOCKET_TIMEOUT
-from publishers.settings import RedisConfig
+from publishers.sentinel import sentinel_client
+from publishers.settings import RedisConfig, SentinelConfig
 
 RedisClient: TypeAlias = "aioredis.Redis | RedisCluster"
 
 CONNECT_TIMEOUT = 10.0
-
-
-# -- packing commands with hiredis ------------------------------------------------
-#
-# redis-py's asyncio connections pack commands in pure Python (its blocking
-# ones use hiredis). An apply call is one EVALSHA with ~17 arguments per
-# change, and packing it was half of the apply path's CPU; hiredis packs it in C.
-
-
-def _pack(args: tuple[EncodableT, ...]) -> list[bytes] | None:
-    """The RESP bytes of a command, or None to let redis-py pack it (types
-    hiredis does not take get redis-py's own error message)."""
-    first = args[0]
-    if isinstance(first, str) and " " in first:  # "SCRIPT LOAD": one word per argument
-        args = (*first.split(), *args[1:])
-    try:
-        return [hiredis.pack_command(args)]  # type: ignore[arg-type]
-    except TypeError:
-        return None
+# redis-py's MasterNotFoundError quotes each sentinel's client (a 1,000-character
+# repr, passwords already <REDACTED>) before that sentinel's error: keep the error.
+_CLIENT_REPR = re.compile(r"<redis\.asyncio\.client\.Redis\(.*?\)>\)>\)> - ")
 
 
 class HiredisConnection(aioredis.Connection):
@@ -94,8 +80,9 @@ def create_client(config: RedisConfig) -> RedisClient:
 
     ``redis://``, ``rediss://`` (TLS) and ``unix://`` URLs, ACL user and
     password in the URL; ``cluster: true`` gives a ``RedisCluster`` that
-    discovers the other nodes from the one named. Replies stay bytes: values
-    are JSON text that we hand to orjson as they are.
+    discovers the other nodes from the one named; ``sentinel`` a client of
+    the primary the sentinels name (``publishers.sentinel``). Replies stay
+    bytes: values are JSON text that we hand to orjson as they are.
     """
     options: dict[str, Any] = {
         "decode_responses": False,
@@ -105,6 +92,9 @@ def create_client(config: RedisConfig) -> RedisClient:
     }
     if config.cluster and config.url.startswith("unix://"):
         raise ConnectError(f"Redis Cluster cannot be reached over a unix socket: {for_display(config.url)}")
+    if config.sentinel is not None:
+        sentinel = config.sentinel
+        return redis_calls.build(lambda: sentinel_client(config.url, sentinel, options), config.url)
     client: RedisClient = redis_calls.build(
         lambda: (RedisCluster if config.cluster else aioredis.Redis).from_url(config.url, **options),
         config.url,
@@ -118,10 +108,20 @@ async def connect(config: RedisConfig) -> RedisClient:
     client = create_client(config)
     try:
         await redis_calls.connected(client.ping(), config.url)
-    except ConnectError:
+    except ConnectError as exc:
         await close_client(client)
-        raise
+        if config.sentinel is None:
+            raise
+        raise ConnectError(
+            scrub_url(f"{exc} ({via_sentinels(config.sentinel)})", config.sentinel.url)
+        ) from None
     return client
+
+
+def via_sentinels(sentinel: SentinelConfig) -> str:
+    """The sentinels, as errors name them (their password masked)."""
+    nodes = ", ".join(f"{host}:{port}" for host, port in sentinel.nodes)
+    return f"master {sentinel.master!r} through the sentinels at {nodes}, {for_display(sentinel.url)}"
 
 
 async def close_client(client: RedisClient) -> None:

@@ -15,6 +15,7 @@ the daemon, the subscriber client and the tests can never disagree::
     ns:@partitions:section      set     partition values the section has written
     ns:@sections                set     sections that have a partitions set (the registry)
     ns:{p}:@fence               hash    table -> highest lease fencing token that wrote here
+    ns:{p}:@wait                string  a marker written before a WAIT after a failed one (expires)
     ns:@lease:{table}           string  owner id of the table's lease, with a TTL
     ns:@fence:{table}           string  the table's fencing-token counter
 
@@ -103,6 +104,12 @@ class Layout:
 
     def stream(self, partition: str) -> str:
         return f"{self.prefix(partition)}@stream"
+
+    def wait_marker(self, partition: str) -> str:
+        """``ns:{p}:@wait``: written (with a one-minute expiry) right before a
+        WAIT that must also cover writes made on another connection
+        (``publishers.durability``); its value means nothing."""
+        return f"{self.prefix(partition)}@wait"
 
     def channel(self, partition: str, section: str) -> str:
         return f"{self.prefix(partition)}{section}"

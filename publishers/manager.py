@@ -95,8 +95,8 @@ class DataManager:
         """
         owns = client is None
         client = client or await connection.connect(config)
-        manager = cls(client, config, owns_client=owns, **options)
         try:
+            manager = cls(client, config, owns_client=owns, **options)
             await manager._applier.load_script()
         except CdcError:
             if owns:

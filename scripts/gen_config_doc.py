@@ -62,12 +62,21 @@ def _section(schema: Schema, name: str, section: Schema, required: bool) -> list
     else:
         prefix = f"{name}."
     out += ["", "| key | type | default | meaning |", "|---|---|---|---|"]
+    out += _rows(schema, section, prefix)
+    return [*out, ""]
+
+
+def _rows(schema: Schema, section: Schema, prefix: str) -> list[str]:
+    """A row per key; an object's own keys follow it (``redis.sentinel.master``)."""
+    out = []
     needed = set(section.get("required", ()))
     for key, prop in section["properties"].items():
         default = _default(prop, key in needed)
         meaning = prop.get("description", "")
         out.append(f"| `{prefix}{key}` | {_cell(_type(schema, prop))} | {default} | {_cell(meaning)} |")
-    return [*out, ""]
+        if "properties" in prop:  # an object, or an object or null
+            out += _rows(schema, prop, f"{prefix}{key}.")
+    return out
 
 
 def _value_types(schema: Schema) -> list[str]:

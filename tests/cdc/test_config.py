@@ -546,7 +546,7 @@ def test_an_unknown_key_in_redis(fail: Fail) -> None:
     assert fail(text) == Failure(
         8,
         "redis.stream_maxlen",
-        "unknown key stream_maxlen (allowed: cluster, namespace, stream_max_len, tombstone_ttl, url)",
+        "unknown key stream_maxlen (allowed: cluster, durability, namespace, sentinel, stream_max_len, tombstone_ttl, url)",
     )
 
 
