@@ -1,9 +1,9 @@
 # syntax=docker/dockerfile:1
 # The cdc-sync sidecar.
 #
-#   docker build -t cdc-sync:0.4.0 .
+#   docker build -t cdc-sync:0.5.0 .
 #   docker run --rm -v "$PWD/tables.yaml:/etc/cdc/tables.yaml:ro" \
-#       -e CDC_SOURCE_DSN=... -e CDC_REDIS_URL=... cdc-sync:0.4.0
+#       -e CDC_SOURCE_DSN=... -e CDC_REDIS_URL=... cdc-sync:0.5.0
 #
 # ODBC driver: FreeTDS (Debian's tdsodbc), registered with unixODBC as "FreeTDS"
 # (DSN: DRIVER=FreeTDS;SERVER=host;PORT=1433;...;TDS_Version=7.4). Microsoft ODBC

@@ -1,3 +1,3 @@
 """cdc-sync: mirrors database tables into Redis, change by change."""
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
