@@ -28,7 +28,11 @@ How it stays exact (DESIGN.md §5):
    (the message that called for it is delivered then), so it is never lost.
 
 ``from_seq`` replays history first: messages from that seq on are yielded,
-and only those newer than the loaded state are applied to the replica.
+and only those newer than the loaded state are applied to the replica; one
+past the partition's next seq raises ``CdcError`` at start (nothing would
+come until the partition got there). It places the start only: after a
+reload every message is yielded (the data replaced, seq starting again
+from 1, included).
 ``async for message in subscriber`` yields messages as dicts (those of
 ``section`` only, when one is given); ``subscriber.entries()`` yields them as
 ``Entry`` (seq, the stream entry's JSON text as stored, and the dict);
@@ -128,8 +132,14 @@ class Subscriber:
             self._client = await connection.connect(self._config)
         await self._load()
         self.position = self.seq
-        if self.from_seq is not None and self.from_seq <= self.seq:
-            await self._start_from_history(max(1, self.from_seq))
+        if self.from_seq is not None:
+            if self.from_seq > self.seq + 1:
+                raise CdcError(
+                    f"from_seq {self.from_seq}: partition {self.partition!r} is at seq {self.seq}, so its"
+                    f" next message is seq {self.seq + 1}; from_seq starts at the message of that seq"
+                )
+            if self.from_seq <= self.seq:
+                await self._start_from_history(max(1, self.from_seq))
         self._started = True  # not before: a transient error above makes the next call start again
 
     async def aclose(self) -> None:
@@ -257,8 +267,10 @@ class Subscriber:
                     self._apply(message["section"], message["key"], message["patch"])
                 except (JsonPatchException, JsonPointerException):
                     reload = _MISFIT
-        delivered = wanted and (self.from_seq is None or seq >= self.from_seq)
-        return (Entry(seq, raw, message) if delivered else None), reload
+        # every message read is at or after from_seq: start() set the position
+        # (not a filter here: after a reload of replaced data, whose seq starts
+        # again from 1, it would hold back every message below the old from_seq)
+        return (Entry(seq, raw, message) if wanted else None), reload
 
     def _apply(self, section: str, key: str, patch: list[dict[str, Any]]) -> None:
         """Patch one replica document (``apply_patch`` copies the patch's values,

@@ -18,7 +18,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from cdc.config import RedisConfig
 from publishers.connection import close_client, connect
-from publishers.errors import RedisUnavailable
+from publishers.errors import CdcError, RedisUnavailable
 from publishers.manager import DataManager
 from publishers.messages import message_schema
 from publishers.model import Change
@@ -104,6 +104,47 @@ async def test_from_seq_replays_history_without_applying_it_twice(
     assert [m["seq"] for m in delivered] == list(range(2, subscriber.seq + 1))
     assert subscriber.reloads == 0
     assert replica(subscriber) == await in_redis(manager)
+
+
+async def test_after_replaced_data_every_message_is_delivered_whatever_from_seq_was(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    """from_seq places the start only: once Redis restarted empty, the new
+    data's seq starts again from 1, and holding back every message below the
+    old from_seq would hide the new data's changes for as long as that takes."""
+    for v in (10, 20, 30):
+        await manager.apply(batch(v))
+    current = int(await manager.client.get(manager.layout.seq(P)))
+    subscriber = Subscriber(manager.client, redis_config.namespace, P, from_seq=current)
+    await subscriber.start()
+    assert [m["seq"] for m in await catch_up(subscriber, manager)] == [current]
+    async for key in manager.client.scan_iter(match=f"{redis_config.namespace}:*"):
+        await manager.client.delete(key)  # Redis restarted empty
+    await manager.apply(batch(40))
+    async with asyncio.timeout(10):  # reloads on the replaced data
+        while subscriber.reloads == 0:
+            await subscriber.poll(block=0.2)
+    reloaded_at = subscriber.seq
+    await manager.apply(batch(50))
+    delivered = await catch_up(subscriber, manager)
+    assert subscriber.seq < current  # the new data's seqs are all below the old from_seq
+    assert [m["seq"] for m in delivered] == list(range(reloaded_at + 1, subscriber.seq + 1))
+    assert delivered  # (the old code delivered none of them)
+    assert replica(subscriber) == await in_redis(manager)
+
+
+async def test_a_from_seq_past_the_next_message_is_refused_at_start(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    await manager.apply(batch(10))
+    current = int(await manager.client.get(manager.layout.seq(P)))
+    waiting = Subscriber(manager.client, redis_config.namespace, P, from_seq=current + 1)
+    await waiting.start()  # the next message's seq: it waits for it
+    await manager.apply(batch(20))
+    assert [m["seq"] for m in await catch_up(waiting, manager)][0] == current + 1
+    ahead = Subscriber(manager.client, redis_config.namespace, P, from_seq=current + 100)
+    with pytest.raises(CdcError, match=f"is at seq {current + 5}, so its next message is seq {current + 6}"):
+        await ahead.start()
 
 
 async def test_falling_off_a_trimmed_stream_reloads(manager: DataManager, redis_config: RedisConfig) -> None:
