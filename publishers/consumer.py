@@ -36,7 +36,7 @@ from typing import Any
 
 from publishers import connection, redis_calls
 from publishers.connection import RedisClient
-from publishers.consumer_group import GroupGone, GroupPartition, backoff, check_name, persist
+from publishers.consumer_group import GroupGone, GroupPartition, backoff, check_name
 from publishers.consumer_work import Delivery, Handler, Policy, Work
 from publishers.errors import CdcError, TransientError
 from publishers.layout import Layout
@@ -265,7 +265,9 @@ class Consumer:
                 failures = 0
             except GroupGone as exc:
                 self._report(Lost(group.partition, "all", str(exc)))
-                await persist(lambda: group.create("all"), "creating the group again")
+                work.drop(group.partition)  # a stream written again reuses its entry ids
+                self._registered.discard(group.partition)
+                await group.create_again(self._stop, s.block)
             except TransientError as exc:
                 failures += 1
                 log.warning("reading %s: %s (retrying)", group.stream, exc)

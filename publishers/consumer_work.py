@@ -22,7 +22,7 @@ from typing import Any
 from publishers import redis_calls
 from publishers.connection import RedisClient
 from publishers.consumer_acks import Acks
-from publishers.consumer_group import GroupPartition, backoff, persist
+from publishers.consumer_group import GroupGone, GroupPartition, backoff, persist
 from publishers.messages import Message
 
 log = logging.getLogger("publishers.consumer")
@@ -140,7 +140,12 @@ class Work:
         try:
             while doc.waiting and not self.stopping.is_set():
                 delivery = doc.waiting[0]
-                await self._handle(delivery)
+                try:
+                    await self._handle(delivery)
+                except GroupGone:  # its acknowledgement is moot: the reader reports it, creates it again
+                    log.warning(
+                        "%s seq %d: the group vanished with its stream", delivery.partition, delivery.seq
+                    )
                 if doc.waiting and doc.waiting[0] is delivery:
                     doc.waiting.pop(0)
                     self._ids.discard((delivery.partition, delivery.id))

@@ -372,6 +372,36 @@ async def test_a_group_that_vanished_is_reported_and_created_again(
     assert await pending(manager) == 0
 
 
+async def test_a_stream_missing_for_a_while_is_reported_once_and_waited_for(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    """The stream deleted and not written again at once (Redis restarted
+    empty: the sidecar re-snapshots first): the consumer reports it once,
+    writes nothing into the missing partition, and creates the group again
+    when the stream is back."""
+    record, lost = Record(), []
+    consumer = Consumer(
+        manager.client, redis_config.namespace, settings(), record.handler, on_lost=lost.append
+    )
+    run = asyncio.create_task(consumer.run())
+    await publish(manager, docs=2, rounds=2)
+    await until(lambda: _true(len(record.done) == 4))
+    prefix = manager.layout.prefix(P)
+    await manager.client.delete(manager.layout.stream(P), f"{prefix}@group:{GROUP}:alive")
+    await until(lambda: _true(len(lost) == 1))
+    await asyncio.sleep(1.0)  # five `block`s without the stream: no crash, no second report
+    assert not run.done()
+    assert [(item.partition, item.what) for item in lost] == [(P, "all")]
+    assert not await manager.client.exists(manager.layout.stream(P))
+    await publish(manager, docs=2, rounds=2, first=10)
+    await until(lambda: _true(len(record.done) == 8))
+    consumer.stop()
+    await run
+    assert len(lost) == 1
+    assert sorted(seq for _, seq in record.done[4:]) == [5, 6, 7, 8]
+    assert await pending(manager) == 0
+
+
 def test_a_blocking_consumer_runs_a_plain_function_in_a_thread(redis_url: str, namespace: str) -> None:
     """``BlockingConsumer``: no asyncio in the caller, a handler that blocks
     (``time.sleep``, in a worker thread), ``stop()`` from another thread."""
