@@ -153,7 +153,7 @@ class GroupPartition:
     async def beat(self, consumer: str, ttl_ms: int) -> bool:
         """Renew the consumer's liveness (``ttl_ms`` 0: it leaves); False if it
         had been presumed dead."""
-        return bool(await self._run(scripts.CONSUME_BEAT, [self.alive], [consumer, ttl_ms]))
+        return bool(await self._run(scripts.CONSUME_BEAT, [self.alive, self.stream], [consumer, ttl_ms]))
 
     async def wait(self, after_seq: int, block_ms: int) -> None:
         """Return when the stream has an entry after ``after_seq``, or after ``block_ms``."""
