@@ -37,7 +37,7 @@ from typing import Any
 from publishers import connection, redis_calls
 from publishers.connection import RedisClient
 from publishers.consumer_group import GroupGone, GroupPartition, backoff, check_name
-from publishers.consumer_work import Delivery, Handler, Policy, Work
+from publishers.consumer_work import Delivery, Handler, Policy, StopConsuming, Work
 from publishers.errors import CdcError, TransientError
 from publishers.layout import Layout
 from publishers.messages import decode_message, stream_seq
@@ -48,7 +48,15 @@ log = logging.getLogger("publishers.consumer")
 TAKES_AT_ONCE = 16
 WAITS_AT_ONCE = 16
 
-__all__ = ["BlockingConsumer", "Consumer", "ConsumerSettings", "Delivery", "Lost", "MessagesLost"]
+__all__ = [
+    "BlockingConsumer",
+    "Consumer",
+    "ConsumerSettings",
+    "Delivery",
+    "Lost",
+    "MessagesLost",
+    "StopConsuming",
+]
 
 
 @dataclass(frozen=True)
@@ -174,7 +182,7 @@ class Consumer:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
         s = self.settings
-        self.work = Work(client, s.policy(self.name), self.handler, self._crashed)
+        self.work = Work(client, s.policy(self.name), self.handler, self._crashed, self.stop)
         try:
             await self._discover(client)
             self._heart.append(self._spawn(self._heartbeat()))

@@ -50,6 +50,14 @@ class Delivery:
 Handler = Callable[[Delivery], Awaitable[None]]
 
 
+class StopConsuming(Exception):
+    """Raised by a handler that cannot go on for a reason that is not the
+    message's (its output closed, e.g. ``cdc consume | head``): the consumer
+    stops gracefully, and the message stays pending, unacknowledged, its
+    delivery not counted as a failure, for the group's other consumers (or
+    this one's next run)."""
+
+
 @dataclass(frozen=True)
 class Policy:
     """How a consumer runs messages (``ConsumerSettings`` fills it)."""
@@ -80,8 +88,10 @@ class Work:
         policy: Policy,
         handler: Handler,
         crashed: Callable[[asyncio.Task[None]], None],
+        stop: Callable[[], None],
     ) -> None:
         self.client, self.policy, self.handler = client, policy, handler
+        self._stop = stop  # the consumer's stop(): a handler raised StopConsuming
         self._crashed = crashed  # told of a runner that failed (a Redis refusal, not the handler)
         self.held = 0
         self.handled = 0
@@ -142,6 +152,16 @@ class Work:
                 delivery = doc.waiting[0]
                 try:
                     await self._handle(delivery)
+                except StopConsuming as exc:
+                    log.warning(
+                        "the handler stops the consumer at %s seq %d, which stays pending: %s",
+                        delivery.partition,
+                        delivery.seq,
+                        exc,
+                    )
+                    self.stopping.set()
+                    self._stop()
+                    return
                 except GroupGone:  # its acknowledgement is moot: the reader reports it, creates it again
                     log.warning(
                         "%s seq %d: the group vanished with its stream", delivery.partition, delivery.seq
@@ -173,6 +193,8 @@ class Work:
                 return
             try:
                 await self.handler(delivery)
+            except StopConsuming:
+                raise
             except Exception as exc:
                 reason = f"{type(exc).__name__}: {exc}"
                 if n >= policy.max_deliveries:

@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from cdc.config import RedisConfig
+from cdc.consume import dead_letter_name
 from publishers.manager import DataManager
 from publishers.model import Change
 from tests.e2e import cdc, config_text, wait_for
@@ -90,6 +91,48 @@ async def test_two_consume_processes_print_each_message_once(
         for key in {m["key"] for m in printed}:
             seqs = [m["seq"] for m in printed if m["key"] == key]
             assert seqs == sorted(seqs)
+
+
+async def test_consume_stops_when_its_stdout_is_closed_leaving_the_message_pending(
+    config_path: Path, redis_url: str, namespace: str
+) -> None:
+    """``cdc consume | head -n 2``: once the reader is gone, the messages it
+    cannot print stay pending (not dead-lettered, no delivery counted as a
+    failure) and it exits 0, as after SIGTERM."""
+    manager = await DataManager.connect(RedisConfig(url=redis_url, namespace=namespace))
+    changes = [
+        [Change("dbo.t", "p1", "items", f"k{i}", "U", r * 100 + i, {"n": orjson.dumps(r)}) for i in range(20)]  # type: ignore[arg-type]
+        for r in range(2)
+    ]
+    await manager.apply(changes[0])
+    command = [sys.executable, "-m", "cdc.cli", "--text-logs", "consume", "-c", str(config_path)]
+    proc = subprocess.Popen(
+        [*command, "--group", "head", "--section", "items"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        first = [proc.stdout.readline() for _ in range(2)]
+        proc.stdout.close()  # as head -n 2 exits
+        await manager.apply(changes[1])  # messages it cannot print
+        assert proc.wait(timeout=30) == 0
+        stderr = proc.stderr.read().decode()
+        stream = manager.layout.stream("p1")
+        pending = await manager.client.xpending_range(stream, "head", "-", "+", 100)
+        dead = await manager.client.xlen(dead_letter_name(namespace, "head"))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        await manager.close()
+    assert [orjson.loads(line)["seq"] for line in first] == [1, 2]
+    assert "Traceback" not in stderr and "stdout is closed" in stderr
+    assert dead == 0
+    assert pending, "what it could not print stays pending"
+    assert all(p["times_delivered"] == 1 for p in pending), pending
+    assert min(int(p["message_id"].split(b"-")[0]) for p in pending) > 2  # the two read were acknowledged
 
 
 def test_consume_refuses_a_bad_group_name(config_path: Path) -> None:

@@ -20,7 +20,15 @@ import orjson
 import pytest
 
 from cdc.config import RedisConfig
-from publishers.consumer import BlockingConsumer, Consumer, ConsumerSettings, Delivery, Lost, MessagesLost
+from publishers.consumer import (
+    BlockingConsumer,
+    Consumer,
+    ConsumerSettings,
+    Delivery,
+    Lost,
+    MessagesLost,
+    StopConsuming,
+)
 from publishers.manager import DataManager
 from publishers.model import Change
 
@@ -400,6 +408,29 @@ async def test_a_stream_missing_for_a_while_is_reported_once_and_waited_for(
     assert len(lost) == 1
     assert sorted(seq for _, seq in record.done[4:]) == [5, 6, 7, 8]
     assert await pending(manager) == 0
+
+
+async def test_a_handler_raising_stop_consuming_stops_it_and_leaves_the_message_pending(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    """``StopConsuming`` is no failure of the message: ``run()`` returns, the
+    message stays pending with its one delivery, nothing is dead-lettered."""
+    done: list[int] = []
+
+    async def handler(delivery: Delivery) -> None:
+        if delivery.seq == 3:
+            raise StopConsuming("the output is gone")
+        done.append(delivery.seq)
+
+    consumer = Consumer(manager.client, redis_config.namespace, settings(max_in_flight=1), handler)
+    run = asyncio.create_task(consumer.run())
+    await publish(manager, docs=1, rounds=5)
+    await asyncio.wait_for(run, 20)  # it stops by itself
+    stream = manager.layout.stream(P)
+    left = await manager.client.xpending_range(stream, GROUP, "-", "+", 10)
+    assert done == [1, 2]
+    assert [(p["message_id"], p["times_delivered"]) for p in left] == [(b"3-0", 1)]
+    assert await letters_of(manager) == []
 
 
 def test_a_blocking_consumer_runs_a_plain_function_in_a_thread(redis_url: str, namespace: str) -> None:
