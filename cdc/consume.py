@@ -14,9 +14,11 @@ import sys
 from collections.abc import Sequence
 
 from cdc.config import Config
+from cdc.consume_args import check_consumption
 from cdc.errors import ConfigError
 from publishers.consumer import Consumer, ConsumerSettings, Delivery, Lost, StopConsuming
 from publishers.errors import CdcError
+from publishers.manager import DataManager
 
 
 def dead_letter_name(namespace: str, group: str) -> str:
@@ -53,6 +55,11 @@ async def consume(
         ).checked()
     except CdcError as exc:
         raise ConfigError(str(exc)) from None
+    manager = await DataManager.connect(config.redis)
+    try:
+        await check_consumption(config, manager, sections, partitions)
+    finally:
+        await manager.close()
     printer = _Printer()
     runner = Consumer(config.redis, namespace, settings, printer.print_delivery, on_lost=_lost)
     await runner.run(handle_signals=True)

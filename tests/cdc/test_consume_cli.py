@@ -139,3 +139,28 @@ def test_consume_refuses_a_bad_group_name(config_path: Path) -> None:
     result = cdc("consume", "-c", str(config_path), "--group", "bad group", "--section", "items")
     assert result.returncode == 2, result.stderr
     assert "group name" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--section", "prodcts", "did you mean 'products'?"),
+        ("--partition", "shopp", "did you mean 'shop'?"),
+    ],
+)
+async def test_consume_refuses_a_section_or_partition_never_written(
+    config_path: Path, redis_url: str, namespace: str, option: str, value: str, said: str
+) -> None:
+    """A typo is exit 2 with a "did you mean", as for ``cdc subscribe``, and
+    nothing is written to Redis (no stream, no group, no liveness key)."""
+    manager = await DataManager.connect(RedisConfig(url=redis_url, namespace=namespace))
+    try:
+        await manager.apply([Change("dbo.t", "shop", "products", "k", "U", 1, {"n": b"1"})])  # type: ignore[arg-type]
+        before = sorted(await manager.client.keys(f"{namespace}*"))
+        result = cdc("consume", "-c", str(config_path), "--group", "g1", option, value)
+        after = sorted(await manager.client.keys(f"{namespace}*"))
+    finally:
+        await manager.close()
+    assert result.returncode == 2, result.stderr
+    assert said in result.stderr and value in result.stderr
+    assert after == before
