@@ -61,7 +61,7 @@ async def consume(
     finally:
         await manager.close()
     printer = _Printer()
-    runner = Consumer(config.redis, namespace, settings, printer.print_delivery, on_lost=_lost)
+    runner = Consumer(config.redis, settings, printer.print_delivery, on_lost=_lost)
     await runner.run(handle_signals=True)
     if printer.closed:  # what is left in stdout's buffer goes nowhere, not to a traceback at exit
         devnull = os.open(os.devnull, os.O_WRONLY)

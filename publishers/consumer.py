@@ -125,27 +125,35 @@ class MessagesLost(CdcError):
     """The stream was trimmed past messages the group had not handled."""
 
 
+def _namespace_of(source: RedisClient | RedisConfig) -> str:
+    if isinstance(source, RedisConfig):
+        return source.namespace
+    raise CdcError("a consumer given a Redis client needs namespace= (a RedisConfig has its own)")
+
+
 def default_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 class Consumer:
-    """One consumer of a group. ``await consumer.run()`` until ``stop()``."""
+    """One consumer of a group. ``await consumer.run()`` until ``stop()``.
+    The namespace is the ``RedisConfig``'s unless ``namespace`` is given (it
+    must be, with a client of the application's own)."""
 
     def __init__(
         self,
         source: RedisClient | RedisConfig,
-        namespace: str,
         settings: ConsumerSettings,
         handler: Handler,
         *,
+        namespace: str | None = None,
         on_lost: Callable[[Lost], None] | None = None,
     ) -> None:
         self.settings = settings.checked()
         self.name = settings.consumer or default_name()
         self._config = source if isinstance(source, RedisConfig) else None
         self._client = None if isinstance(source, RedisConfig) else source
-        self.layout = Layout(namespace)
+        self.layout = Layout(namespace if namespace is not None else _namespace_of(source))
         self.handler = handler
         self.on_lost = on_lost
         self.lost: list[Lost] = []
@@ -393,14 +401,14 @@ class BlockingConsumer:
     def __init__(
         self,
         config: RedisConfig,
-        namespace: str,
         settings: ConsumerSettings,
         handler: Callable[[Delivery], None],
         *,
+        namespace: str | None = None,
         on_lost: Callable[[Lost], None] | None = None,
     ) -> None:
         self._handler = handler
-        self.consumer = Consumer(config, namespace, settings, self._call, on_lost=on_lost)
+        self.consumer = Consumer(config, settings, self._call, namespace=namespace, on_lost=on_lost)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def _call(self, delivery: Delivery) -> None:
