@@ -41,7 +41,7 @@ class Delivery:
     partition: str
     id: str  # the stream entry id, "<seq>-0"
     seq: int
-    text: bytes  # the message's JSON text as the stream holds it
+    text: bytes  # the message's JSON text, UTF-8, byte for byte as the stream holds it
     message: Message
     deliveries: int
     consumer: str

@@ -4,6 +4,7 @@ options exit 2."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -133,6 +134,46 @@ async def test_consume_stops_when_its_stdout_is_closed_leaving_the_message_pendi
     assert pending, "what it could not print stays pending"
     assert all(p["times_delivered"] == 1 for p in pending), pending
     assert min(int(p["message_id"].split(b"-")[0]) for p in pending) > 2  # the two read were acknowledged
+
+
+async def test_consume_reports_a_vanished_stream_once_and_goes_on(
+    config_path: Path, redis_url: str, namespace: str
+) -> None:
+    """The partition's stream deleted under ``cdc consume`` (Redis restarted
+    empty): one report on stderr, no exit; the messages written after are printed."""
+    manager = await DataManager.connect(RedisConfig(url=redis_url, namespace=namespace))
+    write = [Change("dbo.t", "p1", "items", "k", "U", v, {"n": orjson.dumps(v)}) for v in (1, 2)]  # type: ignore[arg-type]
+    await manager.apply(write[:1])
+    out = config_path.with_name("out.jsonl")
+    command = [sys.executable, "-m", "cdc.cli", "--text-logs", "consume", "-c", str(config_path)]
+    with out.open("wb") as stdout:
+        proc = subprocess.Popen(
+            [*command, "--group", "g", "--section", "items"], stdout=stdout, stderr=subprocess.PIPE
+        )
+    try:
+
+        async def printed(n: int) -> bool:
+            return len(out.read_bytes().splitlines()) >= n
+
+        await wait_for(lambda: printed(1), 30, "the first message printed")
+        await manager.client.delete(manager.layout.stream("p1"))
+        await asyncio.sleep(2)  # two `block`s without the stream (the sidecar re-snapshotting)
+        assert proc.poll() is None, "it went on"
+        await manager.apply(write[1:])
+        await wait_for(lambda: printed(2), 30, "the message written after printed")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert proc.stderr is not None
+        stderr = proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+        await manager.close()
+    assert stderr.count("lost messages in partition p1 (all)") == 1, stderr
+    assert [orjson.loads(line)["seq"] for line in out.read_bytes().splitlines()] == [1, 2]
 
 
 def test_consume_refuses_a_bad_group_name(config_path: Path) -> None:
