@@ -61,7 +61,7 @@ async def _run(manager: DataManager, config: RedisConfig, group: str, consumers:
     ]
     cpu = await _redis_cpu(manager)
     start = time.perf_counter()
-    running = [Consumer(manager.client, config.namespace, s, handler) for s in settings]
+    running = [Consumer(manager.client, s, handler, namespace=config.namespace) for s in settings]
     tasks = [asyncio.create_task(c.run()) for c in running]
     await asyncio.wait_for(done.wait(), 600)
     wall = time.perf_counter() - start

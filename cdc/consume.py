@@ -4,18 +4,21 @@ it handles (docs/CONSUMERS.md). Start it in several terminals with the same
 in seq order. SIGTERM or Ctrl-C stops it gracefully.
 
 It is the example of ``publishers.consumer`` more than a tool: an
-application puts its own handler where ``_print_delivery`` is.
+application puts its own handler where ``_Printer.print_delivery`` is.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
 from cdc.config import Config
+from cdc.consume_args import check_consumption
 from cdc.errors import ConfigError
-from publishers.consumer import Consumer, ConsumerSettings, Delivery, Lost
+from publishers.consumer import Consumer, ConsumerSettings, Delivery, Lost, StopConsuming
 from publishers.errors import CdcError
+from publishers.manager import DataManager
 
 
 def dead_letter_name(namespace: str, group: str) -> str:
@@ -52,25 +55,46 @@ async def consume(
         ).checked()
     except CdcError as exc:
         raise ConfigError(str(exc)) from None
-    runner = Consumer(config.redis, namespace, settings, _print_delivery, on_lost=_lost)
+    manager = await DataManager.connect(config.redis)
+    try:
+        await check_consumption(config, manager, sections, partitions)
+    finally:
+        await manager.close()
+    printer = _Printer()
+    runner = Consumer(config.redis, settings, printer.print_delivery, on_lost=_lost)
     await runner.run(handle_signals=True)
+    if printer.closed:  # what is left in stdout's buffer goes nowhere, not to a traceback at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
     return 0
 
 
-async def _print_delivery(delivery: Delivery) -> None:
-    """The handler: the message as the stream holds it, one JSON line (an
-    ``R`` message too: a bulk snapshot rewrote the section's documents)."""
-    out = getattr(sys.stdout, "buffer", None)
-    if out is None:
-        print(delivery.text.decode("utf-8", "surrogateescape"), flush=True)
-        return
-    out.write(delivery.text + b"\n")
-    out.flush()
+class _Printer:
+    """The handler. Once stdout is closed (``cdc consume | head``) it stops
+    the consumer: the messages it could not print stay pending, for the
+    group's other consumers, rather than being dead-lettered as failures."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def print_delivery(self, delivery: Delivery) -> None:
+        """The message as the stream holds it, one JSON line (an ``R``
+        message too: a bulk snapshot rewrote the section's documents)."""
+        if self.closed:  # a handler of another document, after the pipe closed
+            raise StopConsuming("stdout is closed")
+        try:
+            out = getattr(sys.stdout, "buffer", None)
+            if out is None:
+                print(delivery.text.decode("utf-8", "surrogateescape"), flush=True)
+                return
+            out.write(delivery.text + b"\n")
+            out.flush()
+        except BrokenPipeError:
+            self.closed = True
+            raise StopConsuming("stdout is closed (the reader of the pipe exited)") from None
 
 
 def _lost(lost: Lost) -> None:
-    """Said on stderr (stdout stays JSON lines), and the consumer goes on."""
-    sys.stderr.write(
-        f"cdc consume: lost messages in partition {lost.partition} ({lost.what}): {lost.reason}\n"
-    )
-    sys.stderr.flush()
+    """The consumer has logged the report (stderr: stdout stays JSON lines);
+    taking it here is what keeps the consumer going."""

@@ -36,8 +36,8 @@ from typing import Any
 
 from publishers import connection, redis_calls
 from publishers.connection import RedisClient
-from publishers.consumer_group import GroupGone, GroupPartition, backoff, check_name, persist
-from publishers.consumer_work import Delivery, Handler, Policy, Work
+from publishers.consumer_group import GroupGone, GroupPartition, backoff, check_name
+from publishers.consumer_work import Delivery, Handler, Policy, StopConsuming, Work
 from publishers.errors import CdcError, TransientError
 from publishers.layout import Layout
 from publishers.messages import decode_message, stream_seq
@@ -48,7 +48,15 @@ log = logging.getLogger("publishers.consumer")
 TAKES_AT_ONCE = 16
 WAITS_AT_ONCE = 16
 
-__all__ = ["BlockingConsumer", "Consumer", "ConsumerSettings", "Delivery", "Lost", "MessagesLost"]
+__all__ = [
+    "BlockingConsumer",
+    "Consumer",
+    "ConsumerSettings",
+    "Delivery",
+    "Lost",
+    "MessagesLost",
+    "StopConsuming",
+]
 
 
 @dataclass(frozen=True)
@@ -117,27 +125,35 @@ class MessagesLost(CdcError):
     """The stream was trimmed past messages the group had not handled."""
 
 
+def _namespace_of(source: RedisClient | RedisConfig) -> str:
+    if isinstance(source, RedisConfig):
+        return source.namespace
+    raise CdcError("a consumer given a Redis client needs namespace= (a RedisConfig has its own)")
+
+
 def default_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 class Consumer:
-    """One consumer of a group. ``await consumer.run()`` until ``stop()``."""
+    """One consumer of a group. ``await consumer.run()`` until ``stop()``.
+    The namespace is the ``RedisConfig``'s unless ``namespace`` is given (it
+    must be, with a client of the application's own)."""
 
     def __init__(
         self,
         source: RedisClient | RedisConfig,
-        namespace: str,
         settings: ConsumerSettings,
         handler: Handler,
         *,
+        namespace: str | None = None,
         on_lost: Callable[[Lost], None] | None = None,
     ) -> None:
         self.settings = settings.checked()
         self.name = settings.consumer or default_name()
         self._config = source if isinstance(source, RedisConfig) else None
         self._client = None if isinstance(source, RedisConfig) else source
-        self.layout = Layout(namespace)
+        self.layout = Layout(namespace if namespace is not None else _namespace_of(source))
         self.handler = handler
         self.on_lost = on_lost
         self.lost: list[Lost] = []
@@ -174,7 +190,7 @@ class Consumer:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
         s = self.settings
-        self.work = Work(client, s.policy(self.name), self.handler, self._crashed)
+        self.work = Work(client, s.policy(self.name), self.handler, self._crashed, self.stop)
         try:
             await self._discover(client)
             self._heart.append(self._spawn(self._heartbeat()))
@@ -265,7 +281,9 @@ class Consumer:
                 failures = 0
             except GroupGone as exc:
                 self._report(Lost(group.partition, "all", str(exc)))
-                await persist(lambda: group.create("all"), "creating the group again")
+                work.drop(group.partition)  # a stream written again reuses its entry ids
+                self._registered.discard(group.partition)
+                await group.create_again(self._stop, s.block)
             except TransientError as exc:
                 failures += 1
                 log.warning("reading %s: %s (retrying)", group.stream, exc)
@@ -383,14 +401,14 @@ class BlockingConsumer:
     def __init__(
         self,
         config: RedisConfig,
-        namespace: str,
         settings: ConsumerSettings,
         handler: Callable[[Delivery], None],
         *,
+        namespace: str | None = None,
         on_lost: Callable[[Lost], None] | None = None,
     ) -> None:
         self._handler = handler
-        self.consumer = Consumer(config, namespace, settings, self._call, on_lost=on_lost)
+        self.consumer = Consumer(config, settings, self._call, namespace=namespace, on_lost=on_lost)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def _call(self, delivery: Delivery) -> None:

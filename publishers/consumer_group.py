@@ -19,6 +19,7 @@ by one consumer, which runs them in seq order (docs/CONSUMERS.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import re
@@ -101,8 +102,24 @@ class GroupPartition:
         """Create the group (``start``: ``all`` the stream holds, or ``new``
         only); False if it existed."""
         keys = [self.stream, self.holders, self.docs, self.inbox]
-        reply = await self._run(scripts.CONSUME_CREATE, keys, [self.group, start])
+        reply = await self._run(scripts.CONSUME_CREATE, keys, [self.group, start, 1])
         return bool(reply)
+
+    async def create_again(self, stopped: asyncio.Event, every: float) -> None:
+        """Create the group that vanished (``all``) once its stream has been
+        written again (the sidecar writes it after a re-snapshot, its seqs
+        going on), looking every ``every`` seconds until ``stopped``."""
+        keys = [self.stream, self.holders, self.docs, self.inbox]
+        while not stopped.is_set():
+            reply = await persist(
+                lambda: self._run(scripts.CONSUME_CREATE, keys, [self.group, "all", 0]),
+                "creating the group again",
+            )
+            if int(reply) >= 0:  # created, or another consumer did
+                log.info("created consumer group %s again in partition %s", self.group, self.partition)
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopped.wait(), every)
 
     async def take(
         self, consumer: str, room: int, ttl_ms: int, registered: bool, sections: list[str], recover: bool
@@ -136,7 +153,7 @@ class GroupPartition:
     async def beat(self, consumer: str, ttl_ms: int) -> bool:
         """Renew the consumer's liveness (``ttl_ms`` 0: it leaves); False if it
         had been presumed dead."""
-        return bool(await self._run(scripts.CONSUME_BEAT, [self.alive], [consumer, ttl_ms]))
+        return bool(await self._run(scripts.CONSUME_BEAT, [self.alive, self.stream], [consumer, ttl_ms]))
 
     async def wait(self, after_seq: int, block_ms: int) -> None:
         """Return when the stream has an entry after ``after_seq``, or after ``block_ms``."""

@@ -22,7 +22,7 @@ from typing import Any
 from publishers import redis_calls
 from publishers.connection import RedisClient
 from publishers.consumer_acks import Acks
-from publishers.consumer_group import GroupPartition, backoff, persist
+from publishers.consumer_group import GroupGone, GroupPartition, backoff, persist
 from publishers.messages import Message
 
 log = logging.getLogger("publishers.consumer")
@@ -41,13 +41,21 @@ class Delivery:
     partition: str
     id: str  # the stream entry id, "<seq>-0"
     seq: int
-    text: bytes  # the message's JSON text as the stream holds it
+    text: bytes  # the message's JSON text, UTF-8, byte for byte as the stream holds it
     message: Message
     deliveries: int
     consumer: str
 
 
 Handler = Callable[[Delivery], Awaitable[None]]
+
+
+class StopConsuming(Exception):
+    """Raised by a handler that cannot go on for a reason that is not the
+    message's (its output closed, e.g. ``cdc consume | head``): the consumer
+    stops gracefully, and the message stays pending, unacknowledged, its
+    delivery not counted as a failure, for the group's other consumers (or
+    this one's next run)."""
 
 
 @dataclass(frozen=True)
@@ -80,8 +88,10 @@ class Work:
         policy: Policy,
         handler: Handler,
         crashed: Callable[[asyncio.Task[None]], None],
+        stop: Callable[[], None],
     ) -> None:
         self.client, self.policy, self.handler = client, policy, handler
+        self._stop = stop  # the consumer's stop(): a handler raised StopConsuming
         self._crashed = crashed  # told of a runner that failed (a Redis refusal, not the handler)
         self.held = 0
         self.handled = 0
@@ -140,7 +150,22 @@ class Work:
         try:
             while doc.waiting and not self.stopping.is_set():
                 delivery = doc.waiting[0]
-                await self._handle(delivery)
+                try:
+                    await self._handle(delivery)
+                except StopConsuming as exc:
+                    log.warning(
+                        "the handler stops the consumer at %s seq %d, which stays pending: %s",
+                        delivery.partition,
+                        delivery.seq,
+                        exc,
+                    )
+                    self.stopping.set()
+                    self._stop()
+                    return
+                except GroupGone:  # its acknowledgement is moot: the reader reports it, creates it again
+                    log.warning(
+                        "%s seq %d: the group vanished with its stream", delivery.partition, delivery.seq
+                    )
                 if doc.waiting and doc.waiting[0] is delivery:
                     doc.waiting.pop(0)
                     self._ids.discard((delivery.partition, delivery.id))
@@ -168,6 +193,8 @@ class Work:
                 return
             try:
                 await self.handler(delivery)
+            except StopConsuming:
+                raise
             except Exception as exc:
                 reason = f"{type(exc).__name__}: {exc}"
                 if n >= policy.max_deliveries:

@@ -31,6 +31,12 @@ local stream, holders, docs, inbox, alive = KEYS[1], KEYS[2], KEYS[3], KEYS[4], 
 local group, me, room, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local call = redis.call
 
+-- the stream deleted (Redis restarted empty, FLUSHALL, DEL): the group went
+-- with it; nothing is written into a partition that is not there
+if call('EXISTS', stream) == 0 then
+  return redis.error_reply('NOGROUP the stream ' .. stream .. ' does not exist')
+end
+
 local t = call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local reaped = 0

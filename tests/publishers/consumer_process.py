@@ -52,7 +52,7 @@ async def main(url: str, cluster: bool, namespace: str, name: str, log_path: str
         shutdown_timeout=5.0,
     )
     config = RedisConfig(url=url, cluster=cluster, namespace=namespace)
-    consumer = Consumer(config, namespace, settings, handler)
+    consumer = Consumer(config, settings, handler)
     running = asyncio.create_task(consumer.run(handle_signals=True))
     while consumer.work is None:  # its SIGTERM handler is set before its work
         if running.done():

@@ -20,7 +20,16 @@ import orjson
 import pytest
 
 from cdc.config import RedisConfig
-from publishers.consumer import BlockingConsumer, Consumer, ConsumerSettings, Delivery, Lost, MessagesLost
+from publishers.consumer import (
+    BlockingConsumer,
+    Consumer,
+    ConsumerSettings,
+    Delivery,
+    Lost,
+    MessagesLost,
+    StopConsuming,
+)
+from publishers.errors import CdcError
 from publishers.manager import DataManager
 from publishers.model import Change
 
@@ -127,9 +136,9 @@ async def test_two_consumers_share_the_work_once_each_in_document_order(
     consumers = [
         Consumer(
             manager.client,
-            redis_config.namespace,
             settings(consumer=f"c{i}", max_in_flight=2),
             record.handler,
+            namespace=redis_config.namespace,
         )
         for i in range(2)
     ]
@@ -168,13 +177,15 @@ async def test_a_dead_consumers_messages_are_claimed_in_order(
     async def hangs(delivery: Delivery) -> None:
         await stuck.wait()
 
-    doomed = Consumer(manager.client, redis_config.namespace, settings(consumer="doomed"), hangs)
+    doomed = Consumer(manager.client, settings(consumer="doomed"), hangs, namespace=redis_config.namespace)
     task = asyncio.create_task(doomed.run())
     await publish(manager, docs=3, rounds=4)
     await until(lambda: _true(doomed.work is not None and doomed.work.held == 8))
     for frozen in doomed._heart + doomed._readers:  # frozen: no heartbeat, no reading, no leaving
         frozen.cancel()
-    heir = Consumer(manager.client, redis_config.namespace, settings(consumer="heir"), record.handler)
+    heir = Consumer(
+        manager.client, settings(consumer="heir"), record.handler, namespace=redis_config.namespace
+    )
     run = asyncio.create_task(heir.run())
     total = await seq_of(manager)
     await until(lambda: _true(len(record.done) >= total))
@@ -203,9 +214,9 @@ async def test_a_stream_trimmed_past_the_group_is_reported(
     async def run_once(group: str, on_lost: Callable[[Lost], None] | None) -> Consumer:
         consumer = Consumer(
             manager.client,
-            redis_config.namespace,
             settings(group=group, start="new"),
             record.handler,
+            namespace=redis_config.namespace,
             on_lost=on_lost,
         )
         run = asyncio.create_task(consumer.run())
@@ -222,9 +233,9 @@ async def test_a_stream_trimmed_past_the_group_is_reported(
     lost: list[Lost] = []
     consumer = Consumer(
         manager.client,
-        redis_config.namespace,
         settings(group="reported"),
         record.handler,
+        namespace=redis_config.namespace,
         on_lost=lost.append,
     )
     run = asyncio.create_task(consumer.run())
@@ -234,7 +245,9 @@ async def test_a_stream_trimmed_past_the_group_is_reported(
     assert lost == [Lost(P, "3-10", "trimmed from the stream before the group handled it")]
     assert sorted(seq for _, seq in record.done) == [11, 12]
 
-    silent = Consumer(manager.client, redis_config.namespace, settings(group="silent"), record.handler)
+    silent = Consumer(
+        manager.client, settings(group="silent"), record.handler, namespace=redis_config.namespace
+    )
     with pytest.raises(MessagesLost, match="3-10"):
         async with asyncio.timeout(10):
             await silent.run()
@@ -252,7 +265,7 @@ async def test_stop_finishes_running_handlers_and_leaves_the_rest_to_others(
         finished.append(delivery.seq)
 
     first = Consumer(
-        manager.client, redis_config.namespace, settings(consumer="first", max_in_flight=4), slow
+        manager.client, settings(consumer="first", max_in_flight=4), slow, namespace=redis_config.namespace
     )
     run = asyncio.create_task(first.run())
     await publish(manager, docs=1, rounds=6)
@@ -265,7 +278,9 @@ async def test_stop_finishes_running_handlers_and_leaves_the_rest_to_others(
     assert finished == [1]  # the running one finished and was acknowledged; the others stay pending
     assert await pending(manager) == 3
     record = Record()
-    second = Consumer(manager.client, redis_config.namespace, settings(consumer="second"), record.handler)
+    second = Consumer(
+        manager.client, settings(consumer="second"), record.handler, namespace=redis_config.namespace
+    )
     run = asyncio.create_task(second.run())
     await until(lambda: _true(len(record.done) == 5), timeout=5)  # claimed at once: the first one left
     second.stop()
@@ -289,6 +304,7 @@ async def test_the_example_in_consumers_md_runs_as_written(redis_url: str, names
     example = text.split("```python\n", 1)[1].split("```", 1)[0]
     example = example.replace("redis://127.0.0.1:6379/0", redis_url).replace('"cdc"', f'"{namespace}"')
     assert "asyncio.run(main())" in example
+    assert example.count(f'"{namespace}"') == 1  # said once: the consumer takes the RedisConfig's
     scope: dict[str, Any] = {}
     exec(compile(example.replace("asyncio.run(main())", ""), "CONSUMERS.md", "exec"), scope)
     seen: list[tuple[str, str]] = []
@@ -325,7 +341,7 @@ async def test_a_consumer_restarted_under_its_name_runs_its_pending_messages_fir
         await stuck.wait()
 
     first = Consumer(
-        manager.client, redis_config.namespace, settings(consumer="pod-0", claim_after=60), hangs
+        manager.client, settings(consumer="pod-0", claim_after=60), hangs, namespace=redis_config.namespace
     )
     task = asyncio.create_task(first.run())
     await publish(manager, docs=3, rounds=4)
@@ -334,7 +350,10 @@ async def test_a_consumer_restarted_under_its_name_runs_its_pending_messages_fir
         frozen.cancel()
     record = Record()
     again = Consumer(
-        manager.client, redis_config.namespace, settings(consumer="pod-0", claim_after=60), record.handler
+        manager.client,
+        settings(consumer="pod-0", claim_after=60),
+        record.handler,
+        namespace=redis_config.namespace,
     )
     run = asyncio.create_task(again.run())
     await until(lambda: _true(len(record.done) == 12), timeout=10)  # well before claim_after
@@ -356,7 +375,7 @@ async def test_a_group_that_vanished_is_reported_and_created_again(
     it. The consumer reports it and goes on in a new group."""
     record, lost = Record(), []
     consumer = Consumer(
-        manager.client, redis_config.namespace, settings(), record.handler, on_lost=lost.append
+        manager.client, settings(), record.handler, namespace=redis_config.namespace, on_lost=lost.append
     )
     run = asyncio.create_task(consumer.run())
     await publish(manager, docs=2, rounds=2)
@@ -370,6 +389,64 @@ async def test_a_group_that_vanished_is_reported_and_created_again(
     assert "missing" in lost[0].reason
     assert sorted(seq for _, seq in record.done[4:]) == [5, 6, 7, 8]
     assert await pending(manager) == 0
+
+
+async def test_a_stream_missing_for_a_while_is_reported_once_and_waited_for(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    """The stream deleted and not written again at once (Redis restarted
+    empty: the sidecar re-snapshots first): the consumer reports it once,
+    writes nothing into the missing partition, and creates the group again
+    when the stream is back."""
+    record, lost = Record(), []
+    consumer = Consumer(
+        manager.client, settings(), record.handler, namespace=redis_config.namespace, on_lost=lost.append
+    )
+    run = asyncio.create_task(consumer.run())
+    await publish(manager, docs=2, rounds=2)
+    await until(lambda: _true(len(record.done) == 4))
+    prefix = manager.layout.prefix(P)
+    await manager.client.delete(manager.layout.stream(P), f"{prefix}@group:{GROUP}:alive")
+    await until(lambda: _true(len(lost) == 1))
+    await asyncio.sleep(1.0)  # 5 `block`s, 3 heartbeats without the stream: no crash, report, key
+    assert not run.done()
+    assert [(item.partition, item.what) for item in lost] == [(P, "all")]
+    assert not await manager.client.exists(manager.layout.stream(P), f"{prefix}@group:{GROUP}:alive")
+    await publish(manager, docs=2, rounds=2, first=10)
+    await until(lambda: _true(len(record.done) == 8))
+    consumer.stop()
+    await run
+    assert len(lost) == 1
+    assert sorted(seq for _, seq in record.done[4:]) == [5, 6, 7, 8]
+    assert await pending(manager) == 0
+
+
+async def test_a_handler_raising_stop_consuming_stops_it_and_leaves_the_message_pending(
+    manager: DataManager, redis_config: RedisConfig
+) -> None:
+    """``StopConsuming`` is no failure of the message: ``run()`` returns, the
+    message stays pending with its one delivery, nothing is dead-lettered."""
+    done: list[int] = []
+
+    async def handler(delivery: Delivery) -> None:
+        if delivery.seq == 3:
+            raise StopConsuming("the output is gone")
+        done.append(delivery.seq)
+
+    consumer = Consumer(manager.client, settings(max_in_flight=1), handler, namespace=redis_config.namespace)
+    run = asyncio.create_task(consumer.run())
+    await publish(manager, docs=1, rounds=5)
+    await asyncio.wait_for(run, 20)  # it stops by itself
+    stream = manager.layout.stream(P)
+    left = await manager.client.xpending_range(stream, GROUP, "-", "+", 10)
+    assert done == [1, 2]
+    assert [(p["message_id"], p["times_delivered"]) for p in left] == [(b"3-0", 1)]
+    assert await letters_of(manager) == []
+
+
+async def test_a_consumer_of_a_client_needs_the_namespace(manager: DataManager) -> None:
+    with pytest.raises(CdcError, match="namespace="):
+        Consumer(manager.client, settings(), Record().handler)
 
 
 def test_a_blocking_consumer_runs_a_plain_function_in_a_thread(redis_url: str, namespace: str) -> None:
@@ -391,7 +468,7 @@ def test_a_blocking_consumer_runs_a_plain_function_in_a_thread(redis_url: str, n
         time.sleep(0.05)  # blocks its worker thread, not the loop
         handled.append((delivery.message["key"], delivery.seq))
 
-    consumer = BlockingConsumer(config, namespace, settings(), handler)
+    consumer = BlockingConsumer(config, settings(), handler)
     thread = threading.Thread(target=consumer.run, kwargs={"handle_signals": False})
     thread.start()
     deadline = time.monotonic() + 20
@@ -419,7 +496,10 @@ async def test_other_sections_are_skipped_and_reload_messages_delivered_as_they_
     await manager.bulk_writer().mark("dbo.alpha", "alpha", P, version=50, fence=0)  # 5
     await publish(manager, docs=2, rounds=1, first=60)  # 6-7
     consumer = Consumer(
-        manager.client, redis_config.namespace, settings(sections=["alpha"], partitions=[P]), record.handler
+        manager.client,
+        settings(sections=["alpha"], partitions=[P]),
+        record.handler,
+        namespace=redis_config.namespace,
     )
     run = asyncio.create_task(consumer.run())
     await until(lambda: _true(len(record.done) == 5))
@@ -439,7 +519,7 @@ async def test_a_dead_consumers_messages_trimmed_away_are_reported(
     async def hangs(delivery: Delivery) -> None:
         await stuck.wait()
 
-    doomed = Consumer(manager.client, redis_config.namespace, settings(consumer="doomed"), hangs)
+    doomed = Consumer(manager.client, settings(consumer="doomed"), hangs, namespace=redis_config.namespace)
     task = asyncio.create_task(doomed.run())
     await publish(manager, docs=2, rounds=2)
     await until(lambda: _true(doomed.work is not None and doomed.work.held == 4))
@@ -449,7 +529,11 @@ async def test_a_dead_consumers_messages_trimmed_away_are_reported(
     lost: list[Lost] = []
     record = Record()
     heir = Consumer(
-        manager.client, redis_config.namespace, settings(consumer="heir"), record.handler, on_lost=lost.append
+        manager.client,
+        settings(consumer="heir"),
+        record.handler,
+        namespace=redis_config.namespace,
+        on_lost=lost.append,
     )
     run = asyncio.create_task(heir.run())
     await until(lambda: _true(len(lost) == 4))
@@ -475,7 +559,7 @@ async def test_an_entry_that_is_no_change_message_goes_to_the_dead_letter(
     await manager.client.xadd(stream, {"m": b"[1, 2]"}, id="2-0")
     await manager.client.set(seq_key, 2)
     await publish(manager, docs=1, rounds=1, first=5)
-    consumer = Consumer(manager.client, redis_config.namespace, settings(), record.handler)
+    consumer = Consumer(manager.client, settings(), record.handler, namespace=redis_config.namespace)
     run = asyncio.create_task(consumer.run())
     await until(lambda: _true(len(record.done) == 2))
     await until(lambda: _equal(pending(manager), 0))
