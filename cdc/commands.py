@@ -331,9 +331,18 @@ async def subscribe(config: Config, partition: str, section: str | None, from_se
             _print_text(entry.text)
     except (KeyboardInterrupt, asyncio.CancelledError):
         pass
+    except BrokenPipeError:  # `cdc subscribe ... | head`: the reader has what it wanted
+        _stdout_to_devnull()
     finally:
         await manager.close()
     return 0
+
+
+def _stdout_to_devnull() -> None:
+    """What is left in stdout's buffer goes nowhere, not to a traceback at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _print_text(text: bytes) -> None:

@@ -127,6 +127,33 @@ async def test_subscribe_prints_json_lines_from_the_stream(tracked: Path, namesp
     assert [(m["seq"], m["op"], m["section"]) for m in lines] == [(1, "R", "lines")]
 
 
+async def test_subscribe_into_a_pipe_whose_reader_left_exits_0_without_a_traceback(
+    tracked: Path, postgres_dsn: str, pg_schema: str
+) -> None:
+    """``cdc subscribe ... | head -n 1``: the next message it cannot print ends it quietly."""
+    assert cdc("run", "-c", str(tracked), "--once").returncode == 0
+    command = [sys.executable, "-m", "cdc.cli", "subscribe", "-c", str(tracked), "--partition", "orders"]
+    proc = subprocess.Popen([*command, "--from-seq", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert json.loads(proc.stdout.readline())["seq"] == 1
+        proc.stdout.close()  # as head -n 1 exits
+        async with await psycopg.AsyncConnection.connect(postgres_dsn, autocommit=True) as conn:
+            await conn.execute(
+                f"insert into {pg_schema}.lines select 2, i, 'x', i from generate_series(1, 50) i"
+            )
+        assert cdc("run", "-c", str(tracked), "--once").returncode == 0  # messages it cannot print
+        assert proc.wait(timeout=30) == 0
+        stderr = proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+
+
 async def test_subscribe_refuses_what_was_never_written_instead_of_waiting(tracked: Path) -> None:
     """A typo in --partition or --section, or a --from-seq past the next
     message, would print nothing forever: each is a usage error (exit 2)."""
