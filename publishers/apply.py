@@ -46,10 +46,9 @@ from redis import exceptions as rex
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import ConnectionPool
 
-from publishers import redis_calls, scripts
+from publishers import cluster_wait, redis_calls, scripts
 from publishers.connection import RedisClient
 from publishers.durability import Acknowledgements
-from publishers.errors import CdcError
 from publishers.layout import Layout
 from publishers.model import ApplyResult, Blocked, Change, timestamp
 from publishers.partition_sets import Pair, PartitionSets
@@ -197,10 +196,6 @@ class Applier:
         self.sha = scripts.APPLY.sha
         self._partition_sets = PartitionSets(client, layout, config.url)
         self._acks = Acknowledgements(config.durability, layout)
-        if self._acks.on and isinstance(client, RedisCluster):
-            raise CdcError(
-                "redis.durability is not supported on a Redis Cluster yet (docs/REDIS.md, Durability)"
-            )
         self._header = (
             str(config.stream_max_len),
             str(max(1, round(config.tombstone_ttl * 1000))),
@@ -362,7 +357,17 @@ class Applier:
         """One round trip. On a single server the calls go down one connection,
         each sent as soon as it is built (Redis runs one while the next is
         built); a cluster (whose pipelines refuse EVALSHA) gets concurrent
-        calls, each routed to its node."""
+        calls, each routed to its node (with ``redis.durability``, pipelined
+        per node with its WAIT: ``publishers.cluster_wait``)."""
+        if isinstance(self.client, RedisCluster) and self._acks.on:
+            commands = [
+                (
+                    ("EVALSHA", self.sha, len(_keys(call)), *_keys(call), *call.command[1]),
+                    self.layout.wait_marker(call.partition),
+                )
+                for call in calls
+            ]
+            return await cluster_wait.send_waited(self.client, commands, self._acks, self.config.url)
         if isinstance(self.client, RedisCluster):
             return await scripts.gathered([self._send_one(call) for call in calls])
         streamed: list[Reply] = await redis_calls.call(

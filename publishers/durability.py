@@ -58,6 +58,19 @@ class Acknowledgements:
     def settle(self, replies: list[Any]) -> None:
         """The replies to ``commands``: WAIT's count is the last. Fewer than
         N replicas: ``RedisUnavailable`` (retry the batch, hold the checkpoint)."""
+        self.judge(replies)
+        self._unconfirmed = False
+
+    def marked(self, marker: str) -> list[tuple[Any, ...]]:
+        """A marker write then WAIT: for a connection whose own writes may all
+        have been no-ops (a Redis Cluster node's, ``publishers.cluster_wait``)."""
+        return [("SET", marker, "1", "PX", 60_000), ("WAIT", self.replicas, self.timeout_ms)]
+
+    def judge(
+        self, replies: list[Any], what: str = "the apply calls", then: str = "the batch is retried"
+    ) -> None:
+        """``settle`` without state: raises unless WAIT (the last reply) counted
+        N; ``what`` was waited for, ``then`` what the caller does about it."""
         for reply in replies[:-1]:
             if isinstance(reply, BaseException):
                 raise RedisUnavailable(f"the marker before WAIT failed: {reply}")
@@ -66,7 +79,6 @@ class Acknowledgements:
             raise RedisUnavailable(f"WAIT failed: {acknowledged}")
         if int(acknowledged) < self.replicas:
             raise RedisUnavailable(
-                f"{int(acknowledged)} of {self.replicas} replicas acknowledged the apply calls within "
-                f"{self.timeout_ms} ms (redis.durability): the batch is retried, its checkpoint held"
+                f"{int(acknowledged)} of {self.replicas} replicas acknowledged {what} within "
+                f"{self.timeout_ms} ms (redis.durability): {then}, its checkpoint held"
             )
-        self._unconfirmed = False

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import orjson
 from redis.typing import EncodableT, FieldT
 
-from publishers import connection, redis_calls, scripts
+from publishers import cluster_wait, connection, redis_calls, scripts
 from publishers.apply import (
     MAX_CALL_BYTES,
     MAX_CHANGES_PER_CALL,
@@ -28,6 +28,7 @@ from publishers.apply import (
 from publishers.bulk import BulkWriter
 from publishers.connection import RedisClient
 from publishers.documents import Documents, decode_document
+from publishers.durability import Acknowledgements
 from publishers.errors import CdcError, LeaseLost
 from publishers.layout import Layout
 from publishers.model import ApplyResult, Blocked, Change, Checkpoint, Rejected, timestamp
@@ -84,6 +85,7 @@ class DataManager:
         )
         self._documents = Documents(client, self.layout, config.url)
         self._cap = _DeadLetterCap(client, self.layout.deadletter(), config.url)
+        self._acks = Acknowledgements(config.durability, self.layout)  # the checkpoints' WAIT on a cluster
 
     @classmethod
     async def connect(
@@ -252,13 +254,14 @@ class DataManager:
                 await scripts.run(self.client, scripts.FENCED_CHECKPOINT, [key], args, self.config.url)
             except LeaseLost as lost:
                 raise LeaseLost(f"{table}: {lost}") from None
-            return
-        mapping: dict[FieldT, EncodableT] = {
-            "version": str(version),
-            "updated_at": timestamp(now),
-            "state": state,
-        }
-        await self._call(self.client.hset(key, mapping=mapping))
+        else:
+            mapping: dict[FieldT, EncodableT] = {
+                "version": str(version),
+                "updated_at": timestamp(now),
+                "state": state,
+            }
+            await self._call(self.client.hset(key, mapping=mapping))
+        await cluster_wait.checkpoint_durable(self.client, self.layout, table, self._acks, self.config.url)
 
     async def heartbeat(self, worker_id: str, fields: Mapping[str, Any], ttl: float) -> None:
         """Replace ``ns:@worker:id`` with ``fields`` and a TTL, atomically."""

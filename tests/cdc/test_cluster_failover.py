@@ -4,15 +4,19 @@ they swap) while the sidecar applies. The cluster client follows the moved
 slots; documents equal rows, every partition's seq is gap-free, no version
 went backwards in the stream, the dead letter is empty.
 
-Not here: a cluster primary SIGKILLed. Without ``redis.durability`` (refused
-on a cluster for now) and without a failover check on a cluster, the writes
-the dead primary had not replicated are lost, as the Sentinel test shows
-with its repair disabled (docs/RELIABILITY.md, limits).
+A cluster primary SIGKILLed (its replica stopped first, so that the primary
+holds writes the replica lacks) is written below but skipped: it does not
+pass yet. Without ``redis.durability`` (refused on a cluster for now) and
+without a failover check on a cluster, the writes the dead primary had not
+replicated are lost, as the Sentinel test shows with its repair disabled
+(docs/RELIABILITY.md, limits).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 
@@ -21,7 +25,7 @@ from redis.asyncio.cluster import RedisCluster as ClusterClient
 
 from cdc.config import parse_config
 from cdc.daemon import Daemon
-from cdc.devservers import RedisCluster, ServerUnavailable
+from cdc.devservers import RedisCluster, RedisServer, ServerUnavailable
 from publishers.layout import Layout
 from tests.chaos import SECTIONS, assert_versions_never_decrease, published, wait_published_more
 from tests.conftest import unavailable
@@ -100,6 +104,108 @@ async def test_a_manual_cluster_failover_under_write_load_loses_nothing(
         writers.stop.set()
         await write_task
         await assert_mirrored(postgres_dsn, pg_schema, checking, namespace)  # type: ignore[arg-type]
+        await assert_seq_gap_free(checking, namespace, SECTIONS)  # type: ignore[arg-type]
+        await assert_versions_never_decrease(checking, namespace)  # type: ignore[arg-type]
+        assert await checking.xlen(Layout(namespace).deadletter()) == 0
+        assert not running.done(), running
+    finally:
+        writers.stop.set()
+        await asyncio.gather(write_task, return_exceptions=True)
+        daemon.request_stop()
+        await asyncio.wait_for(asyncio.gather(running, return_exceptions=True), 60)
+
+
+def role(port: int) -> list[str]:
+    out = subprocess.run(["redis-cli", "-p", str(port), "role"], capture_output=True, text=True)
+    return out.stdout.split()
+
+
+def replica_of(cluster: RedisCluster, primary: RedisServer) -> RedisServer:
+    found = [
+        node for node in cluster.nodes if role(node.port)[:3] == ["slave", "127.0.0.1", str(primary.port)]
+    ]
+    assert len(found) == 1, found
+    return found[0]
+
+
+async def unreplicated(primary: RedisServer) -> bool:
+    """The primary holds writes its (stopped) replica has not received."""
+    out = await asyncio.to_thread(
+        subprocess.run,
+        ["redis-cli", "-p", str(primary.port), "info", "replication"],
+        capture_output=True,
+        text=True,
+    )
+    fields = dict(line.split(":", 1) for line in out.stdout.splitlines() if ":" in line)
+    replica = dict(item.split("=") for item in fields.get("slave0", "offset=0").split(","))
+    return int(fields["master_repl_offset"]) > int(replica["offset"])
+
+
+async def has_role(port: int, name: str) -> bool:
+    return (await asyncio.to_thread(role, port))[:1] == [name]
+
+
+async def sigkill_a_primary(cluster: RedisCluster, checking: ClusterClient, checkpoint: str) -> None:
+    """SIGKILL the primary holding ``checkpoint`` (and partitions) once it
+    holds writes its replica lacks (the replica SIGSTOPped meanwhile); its
+    replica is promoted after the cluster's node timeout (5 s), and the
+    killed server is started again (an operator's restart, empty: no RDB,
+    no AOF) and rejoins as the new primary's replica."""
+    owner = checking.get_node_from_key(checkpoint)
+    assert owner is not None
+    victim = next(node for node in cluster.nodes if node.port == owner.port)
+    replica = replica_of(cluster, victim)
+    assert replica.proc is not None and victim.proc is not None
+    os.kill(replica.proc.pid, signal.SIGSTOP)
+    try:
+        await wait_for(lambda: unreplicated(victim), 30, "the primary to hold writes its replica lacks")
+        victim.kill()
+    finally:
+        os.kill(replica.proc.pid, signal.SIGCONT)
+    await wait_for(lambda: has_role(replica.port, "master"), 45, "the replica to be promoted")
+    victim.start()
+    await wait_for(lambda: has_role(victim.port, "slave"), 45, "the killed primary to rejoin as a replica")
+
+
+@pytest.mark.skip(
+    reason="not passing yet (redis.durability is still refused with cluster: true): durable, with the "
+    "refusal lifted by hand, 1 run of 3 ended with documents missing, stale and of deleted rows left, "
+    "2 passed their checks and failed on unclosed sockets (unraisable warnings); not durable, there is "
+    "no failover check on a cluster yet"
+)
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("durable", [True, False], ids=["durable", "not-durable"])
+async def test_a_cluster_primary_sigkilled_under_write_load_loses_nothing(
+    cluster: RedisCluster,
+    checking: ClusterClient,
+    postgres_dsn: str,
+    pg_schema: str,
+    namespace: str,
+    durable: bool,
+) -> None:
+    """Durable: each node WAITs for its replica, so what the killed primary
+    took with it was never acknowledged, and the retried batches write it
+    again. Not durable: the sidecar notices the failover (a shard's
+    replication id changed) and snapshots every table again."""
+    text = config_text(pg_schema, postgres_dsn, cluster.url, namespace, lease_ttl="10s")
+    extra = "  durability: {replicas: 1, timeout: 500ms}\n" if durable else ""
+    text = text.replace(f"  url: {cluster.url}\n", f"  url: {cluster.url}\n  cluster: true\n{extra}")
+    config = parse_config(text, "<test>", {})
+    await create_tables(postgres_dsn, pg_schema)
+    await enable_tracking(config)
+    writers = Writers(postgres_dsn, pg_schema, seed=44)
+    write_task = asyncio.create_task(writers.run(writers=3, long_transactions=1))
+    daemon = Daemon(config)
+    running = asyncio.create_task(daemon.run())
+    try:
+        await wait_published_more(checking, namespace, 0, 30)  # type: ignore[arg-type]
+        await wait_published_more(checking, namespace, await published(checking, namespace) + 100, 30)  # type: ignore[arg-type]
+        await sigkill_a_primary(cluster, checking, Layout(namespace).checkpoint(f"{pg_schema}.items"))
+        await wait_published_more(checking, namespace, await published(checking, namespace) + 100, 60)  # type: ignore[arg-type]
+        writers.stop.set()
+        await write_task
+        await assert_mirrored(postgres_dsn, pg_schema, checking, namespace, timeout=60)  # type: ignore[arg-type]
         await assert_seq_gap_free(checking, namespace, SECTIONS)  # type: ignore[arg-type]
         await assert_versions_never_decrease(checking, namespace)  # type: ignore[arg-type]
         assert await checking.xlen(Layout(namespace).deadletter()) == 0

@@ -13,9 +13,10 @@ from collections.abc import AsyncIterator, Iterator
 import orjson
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster as ClusterClient
 
-from cdc.devservers import RedisServer, ServerUnavailable, wait_until
-from publishers.errors import CdcError, RedisUnavailable
+from cdc.devservers import RedisCluster, RedisServer, ServerUnavailable, wait_until
+from publishers.errors import RedisUnavailable
 from publishers.manager import DataManager
 from publishers.model import Change
 from publishers.settings import Durability, RedisConfig
@@ -116,7 +117,63 @@ async def test_without_durability_no_wait_is_sent(pair: tuple[RedisServer, Redis
         assert (await manager.apply(changes(0, 10, 10))).published == 10  # returns: nothing waited for
 
 
-async def test_durability_on_a_cluster_is_refused(redis_cluster_url: str) -> None:
-    settings = RedisConfig(url=redis_cluster_url, cluster=True, durability=Durability(replicas=1))
-    with pytest.raises(CdcError, match="not supported on a Redis Cluster yet"):
-        await DataManager.connect(settings)
+def spread(count: int, version: int) -> list[Change]:
+    """One change in each of ``count`` partitions: on a cluster, every node's slots."""
+    values = {"Id": b"1", "Name": orjson.dumps(f"n{version}")}
+    return [Change("public.items", f"p{k}", "items", "1", "U", version, values) for k in range(count)]
+
+
+async def test_on_a_cluster_without_replicas_every_round_falls_short(redis_cluster_url: str) -> None:
+    """The session cluster has no replicas: each node's WAIT counts 0, and the
+    checkpoint's own WAIT too."""
+    settings = RedisConfig(
+        url=redis_cluster_url, cluster=True, namespace="dc", durability=Durability(replicas=1, timeout=0.05)
+    )
+    async with await DataManager.connect(settings) as manager:
+        with pytest.raises(RedisUnavailable, match="0 of 1 replicas acknowledged the apply calls"):
+            await manager.apply(spread(30, 10))
+        with pytest.raises(RedisUnavailable, match="0 of 1 replicas acknowledged the checkpoint"):
+            await manager.set_checkpoint("public.items", 10, "streaming")
+
+
+async def test_on_a_cluster_with_replicas_each_node_waits_for_its_own() -> None:
+    """Partitions on all three primaries: the apply returns with every
+    document on its primary's replica, and the checkpoint on its node's."""
+    try:
+        cluster = RedisCluster(replicas=1).start()
+    except ServerUnavailable as exc:
+        unavailable(str(exc))
+    try:
+        settings = RedisConfig(
+            url=cluster.url, cluster=True, namespace="dc", durability=Durability(replicas=1, timeout=10)
+        )
+        async with await DataManager.connect(settings) as manager:
+            for version in range(1, 6):
+                assert (await manager.apply(spread(30, version))).published == 30
+                await manager.set_checkpoint("public.items", version, "streaming")
+                for k in range(30):
+                    key = f"dc:{{p{k}}}:items:1"
+                    assert await on_replica(cluster, key, "@v") == str(version), (version, key)
+                assert await on_replica(cluster, "dc:@checkpoint:public.items", "version") == str(version)
+    finally:
+        cluster.cleanup()
+
+
+async def on_replica(cluster: RedisCluster, key: str, field: str) -> str:
+    """``field`` of hash ``key`` as the replica of the slot's primary has it."""
+    client = ClusterClient.from_url(cluster.url)
+    try:
+        await client.initialize()
+        primary = client.get_node_from_key(key)
+        assert primary is not None
+        replicas = [n for n in cluster.nodes if cli(n.port, "role").split()[2:3] == [str(primary.port)]]
+        assert len(replicas) == 1, replicas
+    finally:
+        await client.aclose()
+    replica = aioredis.Redis(port=replicas[0].port, single_connection_client=True)
+    try:
+        await replica.execute_command("READONLY")  # a cluster replica serves reads after it
+        value = await replica.hget(key, field)
+    finally:
+        await replica.aclose()
+    return "" if value is None else value.decode()
