@@ -132,14 +132,8 @@ class Subscriber:
             self._client = await connection.connect(self._config)
         await self._load()
         self.position = self.seq
-        if self.from_seq is not None:
-            if self.from_seq > self.seq + 1:
-                raise CdcError(
-                    f"from_seq {self.from_seq}: partition {self.partition!r} is at seq {self.seq}, so its"
-                    f" next message is seq {self.seq + 1}; from_seq starts at the message of that seq"
-                )
-            if self.from_seq <= self.seq:
-                await self._start_from_history(max(1, self.from_seq))
+        if self.from_seq is not None and _start_in_history(self.from_seq, self.partition, self.seq):
+            await self._start_from_history(max(1, self.from_seq))
         self._started = True  # not before: a transient error above makes the next call start again
 
     async def aclose(self) -> None:
@@ -331,6 +325,18 @@ class Subscriber:
     async def _redis(self, awaitable: Any, grace: float = redis_calls.SOCKET_TIMEOUT) -> Any:
         """Await a command (never abandoned half-way), mapping its errors."""
         return await redis_calls.call(awaitable, self._config.url if self._config else "", grace=grace)
+
+
+def _start_in_history(from_seq: int, partition: str, seq: int) -> bool:
+    """Whether ``from_seq`` lies in the stream's history (else it is the next
+    message); one past that raises: nothing would come until the partition
+    got there, a silent wait."""
+    if from_seq > seq + 1:
+        raise CdcError(
+            f"from_seq {from_seq}: partition {partition!r} is at seq {seq}, so its"
+            f" next message is seq {seq + 1}; from_seq starts at the message of that seq"
+        )
+    return from_seq <= seq
 
 
 class ReplicaCopy(dict[str, dict[str, Document]]):
