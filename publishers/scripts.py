@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -158,32 +157,14 @@ async def _reply(
     return await redis_calls.reply_or_error(client.evalsha(script.sha, len(keys), *keys, *args), url)
 
 
-# At most this many calls of one ``gathered`` in flight: redis-py's cluster
-# client opens a connection per concurrent command and refuses the 101st to a
-# node (MaxConnectionsError); a snapshot page of 1000 one-row partitions
-# failed with it on every try, on a 3-node cluster after a failover.
-GATHERED_AT_ONCE = 32
-
-
 async def gathered(replies: Sequence[Awaitable[Reply]]) -> list[Reply]:
-    """Await concurrent ``reply_or_error`` calls (``GATHERED_AT_ONCE`` at a
-    time); the first mapped failure (one that is not an error reply) is
-    raised once all have finished."""
-    limit = asyncio.Semaphore(GATHERED_AT_ONCE)
-    done = await asyncio.gather(*(_limited(limit, reply) for reply in replies), return_exceptions=True)
+    """Await concurrent ``reply_or_error`` calls; the first mapped failure
+    (one that is not an error reply) is raised once all have finished."""
+    done = await asyncio.gather(*replies, return_exceptions=True)
     for reply in done:
         if isinstance(reply, BaseException) and not redis_calls.is_error_reply(reply):
             raise reply  # already mapped by reply_or_error (or not a Redis error at all)
     return list(done)
-
-
-async def _limited(limit: asyncio.Semaphore, reply: Awaitable[Reply]) -> Reply:
-    try:
-        async with limit:
-            return await reply
-    finally:
-        if inspect.iscoroutine(reply) and inspect.getcoroutinestate(reply) == inspect.CORO_CREATED:
-            reply.close()  # cancelled before its turn: never started, never awaited
 
 
 async def load(
