@@ -3,7 +3,7 @@
 One ``round()`` (the daemon runs one every ``lease_ttl / 3``)::
 
     check the epoch        Redis restarted empty: re-snapshot what we own
-    check for a failover   behind sentinels, a new primary: re-snapshot unless durable
+    check for a failover   behind sentinels or on a cluster, a new primary: re-snapshot unless durable
     stay registered        so that other sidecars count us in their fair share
     forward requests       ``cdc snapshot`` asks the owner through Redis
     renew leases           a lease lost stops its tracker at once
@@ -35,7 +35,8 @@ from cdc import snapshot_range
 from cdc.errors import CdcError, LeaseLost, TransientError
 from cdc.pipeline import Pipeline
 from cdc.tracker import ChangeTracker
-from publishers import control, failover
+from publishers import control
+from publishers.failover import FailoverWatch
 from publishers.leases import Leases
 
 log = logging.getLogger("cdc.balancer")
@@ -112,7 +113,7 @@ class Balancer:
         self.last_round = time.monotonic()  # when a round was last tried (liveness)
         self._leases: Leases | None = None
         self._epoch = ""
-        self._replid = ""  # the primary's replication id (publishers.failover)
+        self._failover: FailoverWatch | None = None  # publishers.failover
 
     @property
     def leases(self) -> Leases:
@@ -134,8 +135,8 @@ class Balancer:
         """The leases, and the epoch that tells a Redis restarted empty."""
         self._leases = Leases(self.pipeline.manager, self.worker_id, self.lease_ttl)
         self._epoch = await control.epoch(self.pipeline.manager)
-        if failover.watched(self.pipeline.manager):
-            self._replid = await failover.replication_id(self.pipeline.manager)
+        self._failover = FailoverWatch(self.pipeline.manager)
+        await self._failover.start()
 
     # -- one round ----------------------------------------------------------------
 
@@ -165,25 +166,22 @@ class Balancer:
             tracker.request_snapshot("Redis lost its data")
 
     async def _check_failover(self) -> None:
-        """Behind sentinels, a new primary: re-read what it may lack
-        (``publishers.failover``)."""
-        manager = self.pipeline.manager
-        if not failover.watched(manager):
+        """Behind sentinels or on a cluster, a new primary: re-read what it
+        may lack (``publishers.failover``)."""
+        watch = self._failover
+        changed = None if watch is None else await watch.check()
+        if watch is None or changed is None:
             return
-        current = await failover.replication_id(manager)
-        if current == self._replid or not current:
-            return
-        previous, self._replid = self._replid, current
-        if not failover.repair_needed(manager):
+        if not watch.repair_needed:
             log.warning(
                 "Redis failed over to a new primary; redis.durability: every applied change was on the replicas",
-                extra={"replid": current, "previous": previous},
+                extra={"failover": changed},
             )
             return
         log.error(
             "Redis failed over to a new primary, which may lack the old one's last writes: "
             "re-snapshotting every table this sidecar owns",
-            extra={"replid": current, "previous": previous},
+            extra={"failover": changed, "tables": len(self.owned())},
         )
         for tracker in self.owned():
             tracker.request_snapshot("Redis failed over")

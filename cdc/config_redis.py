@@ -31,7 +31,7 @@ def build_redis(redis: Mapping[str, Any], duration: Duration) -> RedisConfig:
         stream_max_len=redis.get("stream_max_len", 100_000),
         tombstone_ttl=duration(redis.get("tombstone_ttl", "7d"), ("redis", "tombstone_ttl")),
         sentinel=sentinel,
-        durability=_durability(redis.get("durability"), duration, redis.get("cluster", False)),
+        durability=_durability(redis.get("durability"), duration),
     )
 
 
@@ -95,13 +95,8 @@ def _node(value: str, index: int) -> tuple[str, int]:
     return host, port
 
 
-def _durability(durability: Mapping[str, Any] | None, duration: Duration, cluster: bool) -> Durability:
+def _durability(durability: Mapping[str, Any] | None, duration: Duration) -> Durability:
     if durability is None:
         return Durability()
-    if cluster and durability["replicas"] > 0:
-        raise FieldError(
-            ("redis", "durability"),
-            "not supported with cluster: true yet (a WAIT per node that took the calls is not built)",
-        )
     timeout = duration(durability.get("timeout", "1s"), ("redis", "durability", "timeout"))
     return Durability(replicas=durability["replicas"], timeout=timeout)

@@ -194,8 +194,8 @@ class Applier:
         self.max_changes_per_call = max(1, max_changes_per_call)
         self.script = scripts.APPLY.text
         self.sha = scripts.APPLY.sha
-        self._partition_sets = PartitionSets(client, layout, config.url)
         self._acks = Acknowledgements(config.durability, layout)
+        self._partition_sets = PartitionSets(client, layout, config.url, self._acks)
         self._header = (
             str(config.stream_max_len),
             str(max(1, round(config.tombstone_ttl * 1000))),
@@ -356,10 +356,10 @@ class Applier:
     async def _send(self, calls: list[_Call]) -> list[Reply]:
         """One round trip. On a single server the calls go down one connection,
         each sent as soon as it is built (Redis runs one while the next is
-        built); a cluster (whose pipelines refuse EVALSHA) gets concurrent
-        calls, each routed to its node (with ``redis.durability``, pipelined
-        per node with its WAIT: ``publishers.cluster_wait``)."""
-        if isinstance(self.client, RedisCluster) and self._acks.on:
+        built); on a cluster (whose pipelines refuse EVALSHA) the calls are
+        pipelined per node on one of its connections, with ``redis.durability``
+        followed by its WAIT (``publishers.cluster_wait``)."""
+        if isinstance(self.client, RedisCluster):
             commands = [
                 (
                     ("EVALSHA", self.sha, len(_keys(call)), *_keys(call), *call.command[1]),
@@ -368,8 +368,6 @@ class Applier:
                 for call in calls
             ]
             return await cluster_wait.send_waited(self.client, commands, self._acks, self.config.url)
-        if isinstance(self.client, RedisCluster):
-            return await scripts.gathered([self._send_one(call) for call in calls])
         streamed: list[Reply] = await redis_calls.call(
             self._stream(self.client.connection_pool, calls), self.config.url
         )
@@ -402,12 +400,6 @@ class Applier:
         if after:
             self._acks.settle(replies[len(calls) :])
         return replies[: len(calls)]
-
-    async def _send_one(self, call: _Call) -> Reply:
-        """The reply, or the ResponseError a content failure raised."""
-        keys, args = call.command
-        command = self.client.evalsha(self.sha, len(keys), *keys, *args)
-        return await redis_calls.reply_or_error(command, self.config.url)
 
     async def load_script(self) -> None:
         """SCRIPT LOAD (on every primary of a cluster), checking its SHA-1."""

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from publishers import redis_calls, scripts
+from publishers import cluster_wait, redis_calls, scripts
 from publishers.connection import RedisClient
+from publishers.durability import Acknowledgements
 from publishers.errors import CdcError
 from publishers.layout import Layout
 from publishers.model import timestamp
@@ -72,7 +73,8 @@ class BulkWriter:
 
     def __init__(self, client: RedisClient, config: RedisConfig, layout: Layout) -> None:
         self.client, self.config, self.layout = client, config, layout
-        self._sets = PartitionSets(client, layout, config.url)
+        self._acks = Acknowledgements(config.durability, layout)  # redis.durability: confirm each write
+        self._sets = PartitionSets(client, layout, config.url, self._acks)
         self._publish = "SPUBLISH" if config.cluster else "PUBLISH"
 
     async def write(
@@ -123,7 +125,9 @@ class BulkWriter:
                 calls.append((base + [prefix + key for key, _ in chunk], args))
                 order.append((partition, chunk))
         replies = await scripts.run_many(self.client, scripts.BULK_LOAD, calls, self.config.url)
-        return _outcome(replies, order, self.config.url)
+        outcome = _outcome(replies, order, self.config.url)
+        await self._confirm([self.layout.fence(p) for p in page.by_partition], "the snapshot page")
+        return outcome
 
     async def mark(self, table: str, section: str, partition: str, *, version: int, fence: int) -> int:
         """Publish the section's ``R`` message in ``partition``; return its seq."""
@@ -149,7 +153,12 @@ class BulkWriter:
             str(self.config.stream_max_len),
         ]
         reply = await scripts.run(self.client, scripts.BULK_MARKER, keys, args, self.config.url)
+        await self._confirm([keys[0]], "the snapshot's R message")
         return int(reply)
+
+    async def _confirm(self, keys: list[str], what: str) -> None:
+        """``redis.durability``: WAIT for what was just written (``cluster_wait.confirm``)."""
+        await cluster_wait.confirm(self.client, keys, self._acks, self.config.url, what=what)
 
 
 def _reset_mode(reset: bool, sweep: bool) -> str:

@@ -16,29 +16,43 @@ that does not answer fails the whole round with ``RedisUnavailable`` (the
 batch is retried, its checkpoint held) and makes the client read the slot
 map again before its next command.
 
-The checkpoint, on whatever node its key's slot lives, is confirmed the
-same way (``checkpoint_durable``): a marker in its slot, then WAIT.
+The other writes whose loss matters (the checkpoint, a snapshot page and its
+``R`` marker, the partitions sets, the dead letter, a lease's fencing token,
+the ``@seen`` sets a snapshot drops) are confirmed after the fact by
+``confirm``: on each node serving one of their keys (the single server
+behind Sentinel: on it), a marker in one of those keys' slots, then WAIT,
+pipelined on one connection. A node's replication stream is ordered, so a
+WAIT that covers the marker covers every write the node took before it, on
+any connection. The race ``send_waited`` avoids remains here and is narrow:
+a write answered by the old primary and its ``confirm`` by the promoted
+replica, whose own replicas acknowledged the marker, needs the whole
+failover (the cluster's node timeout, 5 s in the tests, and a replica
+re-attached) to fit between two consecutive commands of one task.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
 from typing import Any
 
 from redis import exceptions as rex
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.crc import key_slot
 
 from publishers import redis_calls
 from publishers.connection import RedisClient
 from publishers.durability import Acknowledgements
 from publishers.errors import RedisUnavailable
 from publishers.layout import Layout
+from publishers.settings import Durability
 
 Reply = Any
 # the slot is served elsewhere (or by nobody): the client's slot map is stale
 _MOVED = (rex.AskError, rex.ClusterDownError, rex.TryAgainError)
 Command = tuple[Any, ...]
+NO_WAIT = Acknowledgements(Durability(), Layout("cdc"))  # send_waited without WAIT
 
 
 async def send_waited(
@@ -49,7 +63,11 @@ async def send_waited(
 ) -> list[Reply]:
     """``commands``: (the call's command, its WAIT marker key), the command's
     second-after-name argument being its key count and the next its first key.
-    Replies (error replies in their slot) in order."""
+    Replies (error replies in their slot) in order. ``acks`` off (``NO_WAIT``):
+    the same rounds without marker and WAIT, which is how every script call
+    on a cluster is sent: one connection per node, not one per call, since
+    redis-py's pool refuses the 101st connection to a node (MaxConnectionsError,
+    a snapshot page of 1,000 one-row partitions on every try)."""
     await redis_calls.call(client.initialize(), url)
     groups: dict[str, tuple[ClusterNode, list[int]]] = {}
     for index, (command, _marker) in enumerate(commands):
@@ -75,21 +93,75 @@ async def send_waited(
 async def checkpoint_durable(
     client: RedisClient, layout: Layout, table: str, acks: Acknowledgements, url: str
 ) -> None:
-    """After ``table``'s checkpoint was written, on a cluster with
-    ``redis.durability``: a marker in its slot, then WAIT, on the node owning
-    it (apart from the documents' nodes: a failover of that node must not
-    take back a checkpoint a source was told of). Too few replicas:
-    ``RedisUnavailable`` (the checkpoint is written again later)."""
-    if not (acks.on and isinstance(client, RedisCluster)):
-        return  # a single server's next apply round's WAIT covers it
+    """After ``table``'s checkpoint was written, with ``redis.durability``:
+    ``confirm`` on the node owning it (apart from the documents' nodes on a
+    cluster: a failover of that node must not take back a checkpoint a
+    source was told of). Too few replicas: ``RedisUnavailable`` (the
+    checkpoint is written again later)."""
+    what, then = "the checkpoint", "it is written again"
+    await confirm(client, [layout.checkpoint(table)], acks, url, what=what, then=then)
+
+
+async def confirm(
+    client: RedisClient,
+    keys: Iterable[str],
+    acks: Acknowledgements,
+    url: str,
+    *,
+    what: str,
+    then: str = "it is retried",
+) -> None:
+    """With ``redis.durability``, once ``keys`` were written (on any
+    connection): a marker in one of their slots and WAIT, on every node
+    serving one of them (a single server: once). Too few replicas, or a node
+    that fails or moved a slot: ``RedisUnavailable`` naming ``what`` (the
+    caller retries the write, which must be idempotent)."""
+    keys = list(keys)
+    if not (acks.on and keys):
+        return
+    namespace = acks.layout.namespace
+    if not isinstance(client, RedisCluster):
+        pipe = client.pipeline(transaction=False)
+        for command in acks.marked(marker_for(namespace, keys[0])):
+            pipe.execute_command(*command)
+        acks.judge(await redis_calls.execute(pipe, url, raise_on_error=False), what, then)
+        return
     await redis_calls.call(client.initialize(), url)
-    key = layout.checkpoint(table)
-    node = client.get_node_from_key(key)
-    if node is None:
-        _refresh(client)
-        raise RedisUnavailable(f"Redis is unavailable: no cluster node serves the slot of {key!r}")
-    marker = layout.checkpoint_wait_marker(table)
-    await _node_round(client, node, [], marker, acks, url, what="the checkpoint", then="it is written again")
+    nodes: dict[str, tuple[ClusterNode, str]] = {}
+    for key in keys:
+        node = client.get_node_from_key(key)
+        if node is None:
+            _refresh(client)
+            raise RedisUnavailable(f"Redis is unavailable: no cluster node serves the slot of {key!r}")
+        nodes.setdefault(node.name, (node, key))
+    rounds = [
+        _node_round(client, node, [], marker_for(namespace, key), acks, url, what=what, then=then)
+        for node, key in nodes.values()
+    ]
+    for result in await asyncio.gather(*rounds, return_exceptions=True):
+        if isinstance(result, BaseException):
+            raise result
+
+
+def marker_for(namespace: str, key: str) -> str:
+    """A ``@wait`` marker key in ``key``'s slot: ``ns:@wait:{<key's hash tag,
+    or the whole key>}``; for a key whose braces defeat that, a searched tag."""
+    start = key.find("{")
+    end = key.find("}", start + 1) if start >= 0 else -1
+    tag = key[start + 1 : end] if start >= 0 and end > start + 1 else key
+    marker = f"{namespace}:@wait:{{{tag}}}"
+    if key_slot(marker.encode()) == key_slot(key.encode()):
+        return marker
+    return f"{namespace}:@wait:{{{_tag_of_slot(key_slot(key.encode()))}}}"
+
+
+@lru_cache(maxsize=1024)
+def _tag_of_slot(slot: int) -> str:
+    """The first decimal number whose CRC16 names ``slot`` (~16,000 tries, a few ms)."""
+    number = 0
+    while key_slot(str(number).encode()) != slot:
+        number += 1
+    return str(number)
 
 
 async def _node_round(
@@ -104,12 +176,16 @@ async def _node_round(
     then: str = "the batch is retried",
 ) -> list[Reply]:
     """The commands, the marker and WAIT pipelined on one connection of ``node``;
-    the commands' replies once WAIT counted enough replicas."""
-    sent = [*commands, *acks.marked(marker)]
-    conn = node.acquire_connection()
+    the commands' replies once WAIT counted enough replicas. Without
+    ``redis.durability``: the commands alone, still on one connection (one
+    per node a round, however many calls: see ``send_waited``)."""
+    sent = [*commands, *acks.marked(marker)] if acks.on else list(commands)
     try:
-        for command in sent:
-            await conn.send_command(*command)
+        conn = node.acquire_connection()
+    except rex.ConnectionError as exc:  # MaxConnectionsError: rounds of other tasks hold the pool
+        raise redis_calls.translate(exc, url) from None
+    try:
+        await conn.send_packed_command(conn.pack_commands(sent))
         replies: list[Reply] = []
         for _ in sent:
             try:
@@ -131,7 +207,8 @@ async def _node_round(
     if moved:
         _refresh(client)
         raise RedisUnavailable(f"Redis is unavailable: cluster node {node.name}: {moved[0]}")
-    acks.judge(replies[len(commands) :], what, then)
+    if acks.on:
+        acks.judge(replies[len(commands) :], what, then)
     return replies[: len(commands)]
 
 

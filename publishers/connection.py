@@ -16,6 +16,8 @@ from typing import Any, TypeAlias
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection, SSLConnection, UnixDomainSocketConnection
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.typing import EncodableT
 
 from publishers import redis_calls
@@ -95,6 +97,14 @@ def create_client(config: RedisConfig) -> RedisClient:
     if config.sentinel is not None:
         sentinel = config.sentinel
         return redis_calls.build(lambda: sentinel_client(config.url, sentinel, options), config.url)
+    if config.cluster:
+        # No retry inside the cluster client: on a connection error its pipeline
+        # closes the whole client before retrying (redis-py 8.1), every node's
+        # connections included, under the commands other tasks have in flight
+        # (a SIGKILLed primary: unclosed sockets, "Event loop is closed" out of
+        # a DEL). The daemon retries (RedisUnavailable); the client reads the
+        # slot map again before its next command.
+        options["retry"] = Retry(NoBackoff(), 0)
     client: RedisClient = redis_calls.build(
         lambda: (RedisCluster if config.cluster else aioredis.Redis).from_url(config.url, **options),
         config.url,

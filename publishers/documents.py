@@ -64,11 +64,13 @@ class Documents:
                 for position in stale:
                     yield partition, keys[int(position) - 1]
 
-    async def forget_seen(self, section: str) -> None:
+    async def forget_seen(self, section: str) -> list[str]:
         """Drop the ``@seen`` sets of the section's partitions: before a whole
-        snapshot that starts over, and once its sweep is done."""
-        for partition in sorted(await self.partitions(section)):
-            await self._call(self.client.delete(self.layout.seen(partition, section)))
+        snapshot that starts over, and once its sweep is done. Returns their keys."""
+        keys = [self.layout.seen(partition, section) for partition in sorted(await self.partitions(section))]
+        for key in keys:  # DEL, not delete(): a cluster client sends delete() as a pipeline
+            await self._call(self.client.execute_command("DEL", key))
+        return keys
 
     async def _index_batches(self, partition: str, section: str) -> AsyncIterator[list[str]]:
         """The section's index, SSCAN page by page (never one huge SMEMBERS)."""

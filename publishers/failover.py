@@ -1,42 +1,95 @@
-"""Telling that the primary behind ``redis.sentinel`` changed, and what to do.
+"""Telling that Redis failed over to another primary, and what to do.
 
-A primary's replication id (``INFO replication`` ``master_replid``) is new
-whenever a replica is promoted (it keeps the old one as ``master_replid2``)
-and when a server restarts without an RDB to read it from. The sidecar reads
-it every lease round (``cdc.balancer``); a change while it runs means the
-data it writes to now is another server's copy, which may lack what the old
-primary acknowledged and had not replicated:
+Behind ``redis.sentinel``: a primary's replication id (``INFO replication``
+``master_replid``) is new whenever a replica is promoted (it keeps the old
+one as ``master_replid2``) and when a server restarts without an RDB to read
+it from. On a Redis Cluster (``cluster: true``): a node that served slots as
+a primary no longer does (``CLUSTER NODES``), its slots taken over by a
+promoted replica (a SIGKILLed primary after the node timeout, or a manual
+``CLUSTER FAILOVER``); a primary added by a scale-out is no failover. The
+sidecar looks every lease round (``cdc.balancer``); a failover while it runs
+means that part of the data it writes to is now another server's copy, which
+may lack what the old primary acknowledged and had not replicated:
 
-- with ``redis.durability`` every apply call was acknowledged by the
-  replicas before its checkpoint could pass it, so nothing the checkpoints
-  stand for is missing: the failover is logged, nothing re-read;
+- with ``redis.durability`` every write whose loss matters was acknowledged
+  by the replicas before its checkpoint could pass it, so nothing the
+  checkpoints stand for is missing: the failover is logged, nothing re-read;
 - without it, the last writes may be gone while the checkpoints (read back
   from the same copy, or held in memory) passed them: every table the
   sidecar owns is snapshotted again, the path a Redis restarted empty takes
   (documents rewritten, an ``R`` per partition: subscribers reload, a sweep
-  of what is gone).
+  of what is gone). On a cluster every owned table, not only those with a
+  partition on the failed-over shard: a table's partitions spread over every
+  shard by their hash, so nearly every table has one there, and its
+  checkpoint may be there too.
 
-Only with ``redis.sentinel``: a single server's id also changes when it
-restarts from its AOF alone, which loses nothing.
+Only with ``redis.sentinel`` or a cluster: a single server's id also changes
+when it restarts from its AOF alone, which loses nothing.
 """
 
 from __future__ import annotations
+
+from typing import Any
+
+from redis.asyncio.cluster import RedisCluster
 
 from publishers import redis_calls
 from publishers.manager import DataManager
 
 
-async def replication_id(manager: DataManager) -> str:
-    """The primary's ``master_replid`` (empty when the server does not say)."""
-    info = await redis_calls.call(manager.client.info("replication"), manager.config.url)
-    return str(info.get("master_replid", ""))
+class FailoverWatch:
+    """What ``check`` compares with: the primary's replication id (Sentinel)
+    or the ids of the cluster nodes serving slots as primaries."""
+
+    def __init__(self, manager: DataManager) -> None:
+        self.manager = manager
+        self._seen: frozenset[str] = frozenset()
+
+    @property
+    def watched(self) -> bool:
+        """Failovers are looked for behind sentinels and on a cluster (above)."""
+        return self.manager.config.sentinel is not None or isinstance(self.manager.client, RedisCluster)
+
+    @property
+    def repair_needed(self) -> bool:
+        """Without ``redis.durability`` a failover may have lost acknowledged writes."""
+        return self.manager.config.durability.replicas == 0
+
+    async def start(self) -> None:
+        if self.watched:
+            self._seen = await self._primaries()
+
+    async def check(self) -> str | None:
+        """A failover since the last check (or ``start``): what changed; else None."""
+        if not self.watched:
+            return None
+        current = await self._primaries()
+        if not current:
+            return None  # the server did not say
+        gone = sorted(self._seen - current)
+        previous, self._seen = self._seen, current
+        if not previous or not gone:
+            return None
+        if isinstance(self.manager.client, RedisCluster):
+            return f"cluster node(s) {', '.join(gone)} no longer primary; primaries now {', '.join(sorted(current))}"
+        return f"replication id {', '.join(sorted(current))} (was {', '.join(gone)})"
+
+    async def _primaries(self) -> frozenset[str]:
+        client, url = self.manager.client, self.manager.config.url
+        if isinstance(client, RedisCluster):
+            nodes = await redis_calls.call(client.cluster_nodes(), url)
+            return frozenset(serving_primaries(nodes))
+        info = await redis_calls.call(client.info("replication"), url)
+        replid = str(info.get("master_replid", ""))
+        return frozenset([replid] if replid else [])
 
 
-def watched(manager: DataManager) -> bool:
-    """Whether failovers are looked for: behind sentinels only (above)."""
-    return manager.config.sentinel is not None
-
-
-def repair_needed(manager: DataManager) -> bool:
-    """Without ``redis.durability`` a failover may have lost acknowledged writes."""
-    return manager.config.durability.replicas == 0
+def serving_primaries(nodes: dict[str, Any]) -> set[str]:
+    """The ids of the nodes that serve slots as primaries, from a parsed
+    ``CLUSTER NODES`` (a failed primary keeps its slots in the view until a
+    replica is promoted in its place)."""
+    return {
+        str(node["node_id"])
+        for node in nodes.values()
+        if "master" in str(node.get("flags", "")) and node.get("slots")
+    }

@@ -44,6 +44,9 @@ class Leases:
         if reply is None:
             self.tokens.pop(table, None)
             return None
+        # redis.durability: a failover must not take the counter back, or a
+        # later owner could be handed a token that an earlier one holds.
+        await self.manager.confirm([keys[1]], "the fencing token")
         self.tokens[table] = int(reply)
         return self.tokens[table]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
@@ -85,7 +85,7 @@ class DataManager:
         )
         self._documents = Documents(client, self.layout, config.url)
         self._cap = _DeadLetterCap(client, self.layout.deadletter(), config.url)
-        self._acks = Acknowledgements(config.durability, self.layout)  # the checkpoints' WAIT on a cluster
+        self._acks = Acknowledgements(config.durability, self.layout)  # confirm()'s WAIT
 
     @classmethod
     async def connect(
@@ -144,6 +144,7 @@ class DataManager:
         )
         reply = await redis_calls.reply_or_error(command, self.config.url)
         if not redis_calls.is_error_reply(reply):
+            await self.confirm([key], "the dead letter entry", "its batch is retried")
             result.rejected.append(Rejected(change, reason))
             await self._cap.check()
             return
@@ -167,6 +168,7 @@ class DataManager:
         fields = self._dead_fields(change, reason, table, payload, now)
         deadletter = self.layout.deadletter()
         await self._call(self.client.xadd(deadletter, fields, maxlen=DEAD_LETTER_MAX_LEN, approximate=True))
+        await self.confirm([deadletter], "the dead letter entry")
         await self._cap.check()
 
     def _dead_fields(
@@ -185,22 +187,10 @@ class DataManager:
             "op": change.op if change else "",
             "version": str(change.version) if change else "",
             "reason": reason,
-            "values": self._dead_values(change, payload),
+            "values": _dead_values(change, payload, self.max_row_bytes),
             "ts": timestamp(now),
         }
         return fields
-
-    def _dead_values(self, change: Change | None, payload: Mapping[str, Any] | None) -> bytes:
-        """The values as one JSON object (spliced from the encoded columns), or
-        ``null`` when they are absent or larger than ``max_row_bytes``."""
-        if payload is not None:
-            text = orjson.dumps(payload, default=str, option=orjson.OPT_NON_STR_KEYS)
-        elif change is None or change.values is None:
-            return b"null"
-        else:
-            members = (orjson.dumps(name) + b":" + value for name, value in change.values.items())
-            text = b"{" + b",".join(members) + b"}"
-        return text if len(text) <= self.max_row_bytes else b"null"
 
     async def read_dead_letters(self, count: int = 100) -> list[dict[str, str]]:
         """The newest ``count`` dead letters, oldest first, each with its ``id``."""
@@ -295,7 +285,13 @@ class DataManager:
 
     async def forget_seen(self, section: str) -> None:
         """Drop what the last whole snapshot of ``section`` recorded as written."""
-        await self._documents.forget_seen(section)
+        dropped = await self._documents.forget_seen(section)
+        await self.confirm(dropped, "the dropped @seen sets")
+
+    async def confirm(self, keys: Iterable[str], what: str, then: str = "it is retried") -> None:
+        """With ``redis.durability``: WAIT until the replicas have ``keys``'
+        writes (``cluster_wait.confirm``), else ``RedisUnavailable``."""
+        await cluster_wait.confirm(self.client, keys, self._acks, self.config.url, what=what, then=then)
 
     def bulk_writer(self) -> BulkWriter:
         """A snapshot's bulk writer on this manager's client (``publishers.bulk``)."""
@@ -304,6 +300,19 @@ class DataManager:
     async def _call(self, awaitable: Any) -> Any:
         """Await one command (never abandoned half-way), mapping its errors."""
         return await redis_calls.call(awaitable, self.config.url)
+
+
+def _dead_values(change: Change | None, payload: Mapping[str, Any] | None, max_row_bytes: int) -> bytes:
+    """The values as one JSON object (spliced from the encoded columns), or
+    ``null`` when they are absent or larger than ``max_row_bytes``."""
+    if payload is not None:
+        text = orjson.dumps(payload, default=str, option=orjson.OPT_NON_STR_KEYS)
+    elif change is None or change.values is None:
+        return b"null"
+    else:
+        members = (orjson.dumps(name) + b":" + value for name, value in change.values.items())
+        text = b"{" + b",".join(members) + b"}"
+    return text if len(text) <= max_row_bytes else b"null"
 
 
 def _field_value(value: Any) -> EncodableT:

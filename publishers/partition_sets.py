@@ -23,8 +23,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from publishers import redis_calls
+from publishers import cluster_wait, redis_calls
 from publishers.connection import RedisClient
+from publishers.durability import Acknowledgements
 from publishers.errors import CdcError, TransientError
 from publishers.layout import Layout
 
@@ -38,8 +39,11 @@ log = logging.getLogger("publishers.partition_sets")
 class PartitionSets:
     """Registers (section, partition) pairs in one Redis, remembering them."""
 
-    def __init__(self, client: RedisClient, layout: Layout, url: str) -> None:
+    def __init__(
+        self, client: RedisClient, layout: Layout, url: str, acks: Acknowledgements | None = None
+    ) -> None:
         self.client, self.layout, self.url = client, layout, url
+        self._acks = acks  # redis.durability: a pair counts as registered once the replicas have it
         self._known: set[Pair] = set()
         self._sections: set[str] = set()
         self._backfilled = False
@@ -70,6 +74,7 @@ class PartitionSets:
                 unwritable.update(dict.fromkeys(now, failed))
             else:
                 registered |= now
+        await self._confirm({section for section, _ in registered})
         self._remember(registered)
         return registered, unwritable
 
@@ -83,6 +88,16 @@ class PartitionSets:
                     raise redis_calls.translate(reply, self.url)
                 return reason
         return None
+
+    async def _confirm(self, sections: set[str]) -> None:
+        """With ``redis.durability``, WAIT for the sets just written (a no-op
+        SADD may stand on an earlier, unconfirmed one): a failover must not
+        take back a registration whose documents a sweep would then miss."""
+        if self._acks is None or not sections:
+            return
+        keys = [self.layout.sections(), *(self.layout.partitions(s) for s in sorted(sections))]
+        what = "the partitions sets"
+        await cluster_wait.confirm(self.client, keys, self._acks, self.url, what=what)
 
     async def _backfill(self) -> None:
         """Once a process: when the registry is absent (Redis written by

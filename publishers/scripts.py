@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from redis.asyncio.cluster import RedisCluster
 
-from publishers import redis_calls
+from publishers import cluster_wait, redis_calls
 from publishers.connection import RedisClient
 from publishers.errors import CdcError
 
@@ -137,9 +137,13 @@ def _keys(call: Any) -> Sequence[Any]:
 
 async def send_calls(client: RedisClient, script: Script, calls: list[Call], url: str = "") -> list[Reply]:
     """``EVALSHA`` per call, in one round trip: a pipeline on a single server;
-    on a cluster (whose pipelines refuse ``EVALSHA``) concurrent calls, each
-    routed by its first key. Error replies come back in their slot."""
-    if isinstance(client, RedisCluster) or len(calls) == 1:
+    on a cluster (whose pipelines refuse ``EVALSHA``) a pipeline per node on
+    one of its connections, each call routed by its first key (a slot that
+    moved: ``RedisUnavailable``, retried). Error replies come back in their slot."""
+    if isinstance(client, RedisCluster):  # one connection per node (cluster_wait.send_waited)
+        commands = [(("EVALSHA", script.sha, len(keys), *keys, *args), "") for keys, args in calls]
+        return await cluster_wait.send_waited(client, commands, cluster_wait.NO_WAIT, url)
+    if len(calls) == 1:
         return await gathered([_reply(client, script, keys, args, url) for keys, args in calls])
     pipe = client.pipeline(transaction=False)
     for keys, args in calls:

@@ -131,9 +131,9 @@ def test_each_mistake_names_its_line_and_field(tmp_path: Path, redis: str, expec
     assert message.startswith(expected), message
 
 
-def test_durability_with_cluster_is_refused_until_it_is_built(tmp_path: Path) -> None:
-    message = failure(tmp_path, "cluster: true\ndurability: {replicas: 1}\n")
-    assert message.startswith("8: redis.durability: not supported with cluster: true yet"), message
+def test_durability_loads_with_a_cluster(tmp_path: Path) -> None:
+    config = load(tmp_path, "url: redis://127.0.0.1:7000\ncluster: true\ndurability: {replicas: 1}\n")
+    assert config.redis.cluster and config.redis.durability == Durability(1, 1.0)  # type: ignore[attr-defined]
 
 
 def test_two_sentinel_deployments_are_told_apart_without_their_passwords(tmp_path: Path) -> None:

@@ -107,3 +107,12 @@ async def test_leases_and_the_worker_registry_work_on_a_cluster(manager: DataMan
     assert [w["id"] for w in await control.workers(manager)] == ["w1"]
     await control.remove_heartbeat(manager, "w1")
     assert await control.live_workers(manager) == set()
+
+
+async def test_a_batch_of_many_partitions_is_not_refused_by_the_pool(manager: DataManager) -> None:
+    """400 one-change partitions, about 133 per node: sent as one call each on
+    a connection each, redis-py's cluster client (100 connections per node)
+    refused the rest with MaxConnectionsError on every try; the calls are
+    pipelined per node on one connection (``cluster_wait.send_waited``)."""
+    changes = [change(f"m{k}", "items", "1", 1) for k in range(400)]
+    assert (await manager.apply(changes)).published == 400
