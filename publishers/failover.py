@@ -39,11 +39,13 @@ from publishers.manager import DataManager
 
 class FailoverWatch:
     """What ``check`` compares with: the primary's replication id (Sentinel)
-    or the ids of the cluster nodes serving slots as primaries."""
+    or the ids of the cluster nodes serving slots as primaries, with the
+    highest config epoch among them (a failover raises it)."""
 
     def __init__(self, manager: DataManager) -> None:
         self.manager = manager
         self._seen: frozenset[str] = frozenset()
+        self._epoch = 0
 
     @property
     def watched(self) -> bool:
@@ -57,39 +59,44 @@ class FailoverWatch:
 
     async def start(self) -> None:
         if self.watched:
-            self._seen = await self._primaries()
+            self._seen, self._epoch = await self._primaries()
 
     async def check(self) -> str | None:
-        """A failover since the last check (or ``start``): what changed; else None."""
+        """A failover since the last check (or ``start``): what changed; else None.
+
+        A cluster node answers from its own view, which gossip updates: a
+        view with a lower epoch than one already read is older and skipped
+        (else a node still listing the dead primary, then an updated one,
+        would count the same failover twice: seen in 1 run of 2)."""
         if not self.watched:
             return None
-        current = await self._primaries()
-        if not current:
-            return None  # the server did not say
+        current, epoch = await self._primaries()
+        if not current or epoch < self._epoch:
+            return None  # the server did not say, or an older view
         gone = sorted(self._seen - current)
-        previous, self._seen = self._seen, current
+        previous, self._seen, self._epoch = self._seen, current, epoch
         if not previous or not gone:
             return None
         if isinstance(self.manager.client, RedisCluster):
             return f"cluster node(s) {', '.join(gone)} no longer primary; primaries now {', '.join(sorted(current))}"
         return f"replication id {', '.join(sorted(current))} (was {', '.join(gone)})"
 
-    async def _primaries(self) -> frozenset[str]:
+    async def _primaries(self) -> tuple[frozenset[str], int]:
         client, url = self.manager.client, self.manager.config.url
         if isinstance(client, RedisCluster):
             nodes = await redis_calls.call(client.cluster_nodes(), url)
-            return frozenset(serving_primaries(nodes))
+            return serving_primaries(nodes)
         info = await redis_calls.call(client.info("replication"), url)
         replid = str(info.get("master_replid", ""))
-        return frozenset([replid] if replid else [])
+        return frozenset([replid] if replid else []), 0
 
 
-def serving_primaries(nodes: dict[str, Any]) -> set[str]:
+def serving_primaries(nodes: dict[str, Any]) -> tuple[frozenset[str], int]:
     """The ids of the nodes that serve slots as primaries, from a parsed
     ``CLUSTER NODES`` (a failed primary keeps its slots in the view until a
-    replica is promoted in its place)."""
-    return {
-        str(node["node_id"])
-        for node in nodes.values()
-        if "master" in str(node.get("flags", "")) and node.get("slots")
-    }
+    replica is promoted in its place), and their highest config epoch."""
+    primaries = [
+        node for node in nodes.values() if "master" in str(node.get("flags", "")) and node.get("slots")
+    ]
+    epochs = [int(node.get("epoch", 0) or 0) for node in primaries]
+    return frozenset(str(node["node_id"]) for node in primaries), max(epochs, default=0)

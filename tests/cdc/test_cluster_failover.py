@@ -21,6 +21,7 @@ import subprocess
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from redis import Redis as SyncRedis
 from redis.asyncio.cluster import RedisCluster as ClusterClient
 
 from cdc.config import parse_config
@@ -79,7 +80,12 @@ async def is_primary(port: int) -> bool:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_a_manual_cluster_failover_under_write_load_loses_nothing(
-    cluster: RedisCluster, checking: ClusterClient, postgres_dsn: str, pg_schema: str, namespace: str
+    cluster: RedisCluster,
+    checking: ClusterClient,
+    postgres_dsn: str,
+    pg_schema: str,
+    namespace: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     text = config_text(pg_schema, postgres_dsn, cluster.url, namespace, lease_ttl="10s")
     config = parse_config(
@@ -100,6 +106,7 @@ async def test_a_manual_cluster_failover_under_write_load_loses_nothing(
         )
         assert failover.stdout.strip() == "OK", failover
         await wait_for(lambda: is_primary(replica), 30, "the replica to take over its primary's slots")
+        await wait_for(lambda: noticed(caplog), 30, "the sidecar to notice the failover")
         await wait_published_more(checking, namespace, await published(checking, namespace) + 100, 30)  # type: ignore[arg-type]
         writers.stop.set()
         await write_task
@@ -108,11 +115,17 @@ async def test_a_manual_cluster_failover_under_write_load_loses_nothing(
         await assert_versions_never_decrease(checking, namespace)  # type: ignore[arg-type]
         assert await checking.xlen(Layout(namespace).deadletter()) == 0
         assert not running.done(), running
+        assert await noticed(caplog) == 1, "one failover, one re-snapshot (not durable)"
     finally:
         writers.stop.set()
         await asyncio.gather(write_task, return_exceptions=True)
         daemon.request_stop()
         await asyncio.wait_for(asyncio.gather(running, return_exceptions=True), 60)
+
+
+async def noticed(caplog: pytest.LogCaptureFixture) -> int:
+    """How many times the sidecar logged a failover it repairs."""
+    return sum("re-snapshotting every table this sidecar owns" in r.getMessage() for r in caplog.records)
 
 
 def role(port: int) -> list[str]:
@@ -146,15 +159,15 @@ async def has_role(port: int, name: str) -> bool:
 
 
 def seqs(port: int) -> dict[str, int]:
-    """Every partition's ``@seq`` on one node (the stream messages it holds)."""
-    cli = ["redis-cli", "-p", str(port)]
-    keys = subprocess.run(
-        [*cli, "--scan", "--pattern", "*@seq"], capture_output=True, text=True
-    ).stdout.split()
-    values = [
-        subprocess.run([*cli, "get", key], capture_output=True, text=True).stdout.strip() for key in keys
-    ]
-    return {key: int(value) for key, value in zip(keys, values, strict=True) if value.isdecimal()}
+    """Every partition's ``@seq`` on one node (the stream messages it holds),
+    read in one pipeline (a command per key would take seconds under load)."""
+    with SyncRedis(port=port) as node:
+        keys = list(node.scan_iter(match="*@seq", count=1000))
+        pipe = node.pipeline(transaction=False)
+        for key in keys:
+            pipe.get(key)
+        values = pipe.execute()
+    return {key.decode(): int(value) for key, value in zip(keys, values, strict=True) if value is not None}
 
 
 async def sigkill_a_primary(cluster: RedisCluster, checking: ClusterClient, checkpoint: str) -> int:
@@ -203,6 +216,7 @@ async def test_a_cluster_primary_sigkilled_under_write_load_loses_nothing(
     pg_schema: str,
     namespace: str,
     durable: bool,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Durable: each node WAITs for its replica, so what the killed primary
     took with it was never acknowledged, and the retried batches write it
@@ -223,6 +237,8 @@ async def test_a_cluster_primary_sigkilled_under_write_load_loses_nothing(
         await wait_published_more(checking, namespace, await published(checking, namespace) + 100, 30)  # type: ignore[arg-type]
         lost = await sigkill_a_primary(cluster, checking, Layout(namespace).checkpoint(f"{pg_schema}.items"))
         print(f"durable={durable}: the killed primary took {lost} stream messages with it")
+        if not durable:
+            await wait_for(lambda: noticed(caplog), 30, "the sidecar to notice the failover")
         await wait_published_more(checking, namespace, await published(checking, namespace) + 100, 60)  # type: ignore[arg-type]
         writers.stop.set()
         await write_task
@@ -231,6 +247,7 @@ async def test_a_cluster_primary_sigkilled_under_write_load_loses_nothing(
         await assert_versions_never_decrease(checking, namespace)  # type: ignore[arg-type]
         assert await checking.xlen(Layout(namespace).deadletter()) == 0
         assert not running.done(), running
+        assert await noticed(caplog) == (0 if durable else 1)
     finally:
         writers.stop.set()
         await asyncio.gather(write_task, return_exceptions=True)

@@ -11,10 +11,13 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 
 from cdc.config import RedisConfig
+from cdc.devservers import RedisCluster as DevCluster
 from publishers import control
+from publishers.errors import RedisUnavailable
 from publishers.leases import Leases
 from publishers.manager import DataManager
 from publishers.model import Change
+from tests.e2e import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -116,3 +119,36 @@ async def test_a_batch_of_many_partitions_is_not_refused_by_the_pool(manager: Da
     pipelined per node on one connection (``cluster_wait.send_waited``)."""
     changes = [change(f"m{k}", "items", "1", 1) for k in range(400)]
     assert (await manager.apply(changes)).published == 400
+
+
+@pytest.mark.timeout(120)
+async def test_a_node_down_is_redis_unavailable_and_the_client_recovers(namespace: str) -> None:
+    """A dead node's commands fail as ``RedisUnavailable`` (forget_seen used to
+    let redis-py's own error through: its DEL went as a cluster pipeline, which
+    closed the whole client on the connection error), and once the node is
+    back the same manager works again."""
+    cluster = DevCluster().start()
+    try:
+        config = RedisConfig(url=cluster.nodes[1].url, cluster=True, namespace=namespace)
+        async with await DataManager.connect(config) as manager:
+            partitions = [f"p{i}" for i in range(24)]
+            await manager.apply([change(p, "alpha", "1", 1) for p in partitions])
+            cluster.nodes[0].kill()
+            with pytest.raises(RedisUnavailable):
+                await manager.forget_seen("alpha")
+            with pytest.raises(RedisUnavailable):
+                await manager.apply([change(p, "alpha", "1", 2) for p in partitions])
+            cluster.nodes[0].start()  # empty, its slots kept in nodes.conf
+
+            async def works() -> bool:
+                try:
+                    await manager.forget_seen("alpha")
+                    return (
+                        await manager.apply([change(p, "alpha", "1", 3) for p in partitions])
+                    ).published > 0
+                except RedisUnavailable:
+                    return False
+
+            await wait_for(works, 60, "the cluster to serve every slot again")
+    finally:
+        cluster.cleanup()
