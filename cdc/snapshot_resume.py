@@ -50,9 +50,20 @@ class Resumes:
     def __init__(self, manager: DataManager, table: str) -> None:
         self.manager, self.table = manager, table
         self.key = manager.layout.checkpoint(table)
+        self._distrusted = False
+
+    def distrust(self) -> None:
+        """The next ``take`` starts over: Redis failed over without
+        ``redis.durability``, so pages the stored point counts as written may
+        be gone (on a cluster the point and the pages live on different nodes)."""
+        self._distrusted = True
 
     async def take(self, shape: str, source: ChangeSource, info: TableInfo) -> ResumePoint | None:
         """The point to go on from, or None (then any stale one is cleared)."""
+        if self._distrusted:
+            await self.clear()
+            self._distrusted = False
+            return None
         raw = await self._call(self.manager.client.hmget(self.key, [*FIELDS, "snapshot_rows"]))
         views, after, stored_shape, sweep, rows = (None if v is None else redis_calls.text(v) for v in raw)
         point = None

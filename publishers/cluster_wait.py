@@ -143,6 +143,26 @@ async def confirm(
             raise result
 
 
+async def transaction(client: RedisCluster, key: str, commands: Sequence[Command], url: str) -> Reply:
+    """MULTI, ``commands`` (all in ``key``'s slot), EXEC on the node owning
+    that slot; EXEC's reply. Not redis-py's cluster transaction pipeline
+    (8.1): it runs each queued command at once in a thread of its own with
+    ``asyncio.run``, blocking our event loop meanwhile and using the
+    client's connections from that other loop (a SIGKILLed primary: the
+    sidecar silent for 160 s, "attached to a different loop", unclosed
+    sockets)."""
+    await redis_calls.call(client.initialize(), url)
+    node = client.get_node_from_key(key)
+    if node is None:
+        _refresh(client)
+        raise RedisUnavailable(f"Redis is unavailable: no cluster node serves the slot of {key!r}")
+    replies = await _node_round(client, node, [("MULTI",), *commands, ("EXEC",)], "", NO_WAIT, url)
+    for reply in replies:
+        if isinstance(reply, BaseException):
+            raise redis_calls.translate(reply, url)
+    return replies[-1]
+
+
 def marker_for(namespace: str, key: str) -> str:
     """A ``@wait`` marker key in ``key``'s slot: ``ns:@wait:{<key's hash tag,
     or the whole key>}``; for a key whose braces defeat that, a searched tag."""

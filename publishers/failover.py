@@ -92,11 +92,20 @@ class FailoverWatch:
 
 
 def serving_primaries(nodes: dict[str, Any]) -> tuple[frozenset[str], int]:
-    """The ids of the nodes that serve slots as primaries, from a parsed
-    ``CLUSTER NODES`` (a failed primary keeps its slots in the view until a
-    replica is promoted in its place), and their highest config epoch."""
-    primaries = [
-        node for node in nodes.values() if "master" in str(node.get("flags", "")) and node.get("slots")
+    """The ids of the nodes that own slots as primaries in a parsed ``CLUSTER
+    NODES``, and the highest config epoch among them. Two nodes may claim a
+    slot in one view (a failed primary keeps its slots there until a replica
+    is promoted; a killed primary restarted believes in its old slots until
+    it hears of the new owner): as in Redis, the higher config epoch owns it."""
+    owners: list[tuple[int, str] | None] = [None] * 16384
+    claims = [
+        (int(node.get("epoch", 0) or 0), str(node["node_id"]), node.get("slots") or [])
+        for node in nodes.values()
+        if "master" in str(node.get("flags", ""))
     ]
-    epochs = [int(node.get("epoch", 0) or 0) for node in primaries]
-    return frozenset(str(node["node_id"]) for node in primaries), max(epochs, default=0)
+    for epoch, node_id, ranges in sorted(claims):
+        for bounds in ranges:
+            first, last = int(bounds[0]), int(bounds[-1])
+            owners[first : last + 1] = [(epoch, node_id)] * (last - first + 1)
+    owning = {owner for owner in owners if owner is not None}
+    return frozenset(node_id for _, node_id in owning), max((epoch for epoch, _ in owning), default=0)

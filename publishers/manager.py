@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 import orjson
+from redis.asyncio.cluster import RedisCluster
 from redis.typing import EncodableT, FieldT
 
 from publishers import cluster_wait, connection, redis_calls, scripts
@@ -257,6 +258,12 @@ class DataManager:
         """Replace ``ns:@worker:id`` with ``fields`` and a TTL, atomically."""
         key = self.layout.worker(worker_id)
         mapping: dict[FieldT, EncodableT] = {name: _field_value(value) for name, value in fields.items()}
+        if isinstance(self.client, RedisCluster):
+            pairs = [item for name, value in mapping.items() for item in (name, value)]
+            hset = [("HSET", key, *pairs)] if pairs else []
+            commands = [("DEL", key), *hset, ("PEXPIRE", key, max(1, round(ttl * 1000)))]
+            await cluster_wait.transaction(self.client, key, commands, self.config.url)
+            return
         pipe = self.client.pipeline(transaction=True)
         pipe.delete(key)
         if mapping:

@@ -164,9 +164,10 @@ def seqs(port: int) -> dict[str, int]:
     with SyncRedis(port=port) as node:
         keys = list(node.scan_iter(match="*@seq", count=1000))
         pipe = node.pipeline(transaction=False)
+        pipe.execute_command("READONLY")  # a replica redirects reads without it
         for key in keys:
             pipe.get(key)
-        values = pipe.execute()
+        values = pipe.execute()[1:]
     return {key.decode(): int(value) for key, value in zip(keys, values, strict=True) if value is not None}
 
 

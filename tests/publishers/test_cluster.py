@@ -8,12 +8,14 @@ from collections.abc import AsyncIterator
 
 import orjson
 import pytest
+from redis._parsers.helpers import parse_cluster_nodes
 from redis.asyncio.cluster import RedisCluster
 
 from cdc.config import RedisConfig
 from cdc.devservers import RedisCluster as DevCluster
 from publishers import control
 from publishers.errors import RedisUnavailable
+from publishers.failover import serving_primaries
 from publishers.leases import Leases
 from publishers.manager import DataManager
 from publishers.model import Change
@@ -152,3 +154,21 @@ async def test_a_node_down_is_redis_unavailable_and_the_client_recovers(namespac
             await wait_for(works, 60, "the cluster to serve every slot again")
     finally:
         cluster.cleanup()
+
+
+def test_a_slot_claimed_twice_belongs_to_the_higher_config_epoch() -> None:
+    """What the failover check reads in one node's ``CLUSTER NODES``: the
+    killed primary restarted (a) still claims its slots at its old epoch, the
+    promoted replica (b) at a new one; a failed primary with no slot left (f)
+    and a replica own nothing."""
+    view = "\n".join(
+        [
+            "a 127.0.0.1:1@11 myself,master - 0 0 1 connected 0-5460",
+            "b 127.0.0.1:2@12 master - 0 0 7 connected 0-5460",
+            "c 127.0.0.1:3@13 master - 0 0 2 connected 5461-10922 10923",
+            "d 127.0.0.1:4@14 master - 0 0 3 connected 10924-16383",
+            "e 127.0.0.1:5@15 slave d 0 0 3 connected",
+            "f 127.0.0.1:6@16 master,fail - 0 0 1 disconnected",
+        ]
+    )
+    assert serving_primaries(parse_cluster_nodes(view)) == (frozenset({"b", "c", "d"}), 7)
