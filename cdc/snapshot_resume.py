@@ -51,12 +51,17 @@ class Resumes:
         self.manager, self.table = manager, table
         self.key = manager.layout.checkpoint(table)
         self._distrusted = False
+        self.sweep_forced = False  # the next whole snapshot sweeps, whatever the partitions sets say
 
     def distrust(self) -> None:
-        """The next ``take`` starts over: Redis failed over without
-        ``redis.durability``, so pages the stored point counts as written may
-        be gone (on a cluster the point and the pages live on different nodes)."""
+        """The next ``take`` starts over, and that snapshot sweeps: Redis
+        failed over without ``redis.durability``, so pages the stored point
+        counts as written may be gone (on a cluster the point and the pages
+        live on different nodes), and so may the partitions set that tells
+        a snapshot there is something to sweep (left unswept: documents of
+        deleted rows, 1 cluster run of 3)."""
         self._distrusted = True
+        self.sweep_forced = True
 
     async def take(self, shape: str, source: ChangeSource, info: TableInfo) -> ResumePoint | None:
         """The point to go on from, or None (then any stale one is cleared)."""

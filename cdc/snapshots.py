@@ -88,12 +88,17 @@ class SnapshotLoader:
         resume = await self.resumes.take(shape, self.source, info)
         if resume is None:  # starting over: what an abandoned attempt wrote is no evidence
             await self.manager.forget_seen(section)
-        sweep = resume.sweep if resume else bool(await self.manager.partitions(section))
+        sweep = (
+            resume.sweep
+            if resume
+            else self.resumes.sweep_forced or bool(await self.manager.partitions(section))
+        )
         views = await self._load(info, feeder, resume, shape, sweep)
         if sweep and "D" in self.table_config.operations:
             await self.line.wait_applied(await feeder.sweep(section, *views))
         await self.manager.forget_seen(section)
         await self.resumes.clear()
+        self.resumes.sweep_forced = False
         return min(views)
 
     async def _load(
