@@ -161,24 +161,48 @@ async def has_role(port: int, name: str) -> bool:
 def seqs(port: int) -> dict[str, int]:
     """Every partition's ``@seq`` on one node (the stream messages it holds),
     read in one pipeline (a command per key would take seconds under load)."""
+    return {key: int(fields[0]) for key, fields in _read(port, "*@seq", ("GET",)).items() if fields[0]}
+
+
+def documents(port: int) -> dict[str, tuple[int, bool]]:
+    """Every document on one node: its ``@v`` and whether it is a tombstone."""
+    found: dict[str, tuple[int, bool]] = {}
+    for section in SECTIONS:
+        for key, (version, deleted) in _read(
+            port, f"*}}:{section}:*", ("HGET", "@v"), ("HEXISTS", "@del")
+        ).items():
+            found[key] = (int(version or 0), bool(deleted))
+    return found
+
+
+def _read(port: int, pattern: str, *reads: tuple[str, ...]) -> dict[str, list[bytes | None]]:
     with SyncRedis(port=port) as node:
-        keys = list(node.scan_iter(match="*@seq", count=1000))
+        keys = list(node.scan_iter(match=pattern, count=1000))
         pipe = node.pipeline(transaction=False)
         pipe.execute_command("READONLY")  # a replica redirects reads without it
         for key in keys:
-            pipe.get(key)
+            for read in reads:
+                pipe.execute_command(read[0], key, *read[1:])
         values = pipe.execute()[1:]
-    return {key.decode(): int(value) for key, value in zip(keys, values, strict=True) if value is not None}
+    width = len(reads)
+    return {key.decode(): values[i * width : (i + 1) * width] for i, key in enumerate(keys)}
 
 
-async def sigkill_a_primary(cluster: RedisCluster, checking: ClusterClient, checkpoint: str) -> int:
+def lost_documents(before: dict[str, tuple[int, bool]], after: dict[str, tuple[int, bool]]) -> int:
+    """Documents the replica has missing, older, or alive where the primary had a tombstone."""
+    return sum(after.get(key, (0, False)) != state for key, state in before.items())
+
+
+async def sigkill_a_primary(
+    cluster: RedisCluster, checking: ClusterClient, checkpoint: str
+) -> tuple[int, int]:
     """SIGKILL the primary holding ``checkpoint`` (and partitions) once it
     holds writes its replica lacks (the replica SIGSTOPped meanwhile); its
     replica is promoted after the cluster's node timeout (5 s), and the
     killed server is started again (an operator's restart, empty: no RDB,
     no AOF) and rejoins as the new primary's replica. Returns how many
-    stream messages the killed primary took with it (its ``@seq``s read
-    just before the kill against the replica's: a lower bound)."""
+    stream messages and documents the killed primary took with it (read
+    just before the kill against the replica: a lower bound)."""
     owner = checking.get_node_from_key(checkpoint)
     assert owner is not None
     victim = next(node for node in cluster.nodes if node.port == owner.port)
@@ -192,11 +216,12 @@ async def sigkill_a_primary(cluster: RedisCluster, checking: ClusterClient, chec
     os.kill(replica.proc.pid, signal.SIGSTOP)
     try:
         await wait_for(lambda: unreplicated(victim), 30, "the primary to hold writes its replica lacks")
-        before = seqs(victim.port)
+        before, documents_before = seqs(victim.port), documents(victim.port)
         victim.kill()
     finally:
         os.kill(replica.proc.pid, signal.SIGCONT)
-    after = await asyncio.to_thread(seqs, replica.port)  # read-only, and its primary is gone: as it was
+    # read-only, and its primary is gone: the replica as it was at the kill
+    after, documents_after = await asyncio.to_thread(lambda: (seqs(replica.port), documents(replica.port)))
     lost = sum(seq - after.get(key, 0) for key, seq in before.items())
     try:
         await wait_for(lambda: has_role(replica.port, "master"), 45, "the replica to be promoted")
@@ -204,7 +229,7 @@ async def sigkill_a_primary(cluster: RedisCluster, checking: ClusterClient, chec
         raise AssertionError(f"{exc}; the replica's view: {cluster_nodes(replica.port)}") from None
     victim.start()
     await wait_for(lambda: has_role(victim.port, "slave"), 45, "the killed primary to rejoin as a replica")
-    return lost
+    return lost, lost_documents(documents_before, documents_after)
 
 
 @pytest.mark.slow
@@ -236,8 +261,11 @@ async def test_a_cluster_primary_sigkilled_under_write_load_loses_nothing(
     try:
         await wait_published_more(checking, namespace, 0, 30)  # type: ignore[arg-type]
         await wait_published_more(checking, namespace, await published(checking, namespace) + 100, 30)  # type: ignore[arg-type]
-        lost = await sigkill_a_primary(cluster, checking, Layout(namespace).checkpoint(f"{pg_schema}.items"))
-        print(f"durable={durable}: the killed primary took {lost} stream messages with it")
+        checkpoint = Layout(namespace).checkpoint(f"{pg_schema}.items")
+        messages, documents_lost = await sigkill_a_primary(cluster, checking, checkpoint)
+        print(
+            f"durable={durable}: the killed primary took {messages} stream messages with it, {documents_lost} documents"
+        )
         if not durable:
             await wait_for(lambda: noticed(caplog), 30, "the sidecar to notice the failover")
         await wait_published_more(checking, namespace, await published(checking, namespace) + 100, 60)  # type: ignore[arg-type]
