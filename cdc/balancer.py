@@ -108,6 +108,8 @@ class Balancer:
         self.policy: Policy = policy or FairShare()
         self._register = register  # writes this sidecar's heartbeat whole
         self.running: dict[str, asyncio.Task[None]] = {}  # table -> its tracker, while we hold its lease
+        # table -> its tracker's task, cancelled on a lost lease and not ended yet
+        self.stopping: dict[str, asyncio.Task[None]] = {}
         self.done: set[str] = set()  # tables finished (TakeAll) or skipped
         self.last_round = time.monotonic()  # when a round was last tried (liveness)
         self._leases: Leases | None = None
@@ -150,7 +152,9 @@ class Balancer:
         await self._stay_registered()
         await self._forward_snapshot_requests()
         await self._renew()
-        free = [t for t in self._rotated() if t.table not in self.running and t.table not in self.done]
+        self._forget_stopped()
+        busy = self.running.keys() | self.stopping.keys() | self.done
+        free = [t for t in self._rotated() if t.table not in busy]
         await self.policy.place(self, free)
 
     async def _check_epoch(self) -> None:
@@ -207,7 +211,18 @@ class Balancer:
                     "lease lost: it ran out (Redis unreachable, process paused) or another sidecar took it",
                     extra={"table": table},
                 )
-                self.running.pop(table).cancel()
+                task = self.running.pop(table)
+                task.cancel()
+                self.stopping[table] = task
+
+    def _forget_stopped(self) -> None:
+        """A cancelled tracker's task unwinds at its next turn (its page
+        writer settles the page in flight, say): until it has ended, the
+        table is not taken again, or two runs of the one tracker would share
+        its position, fence and snapshot state."""
+        for table, task in list(self.stopping.items()):
+            if task.done():
+                del self.stopping[table]
 
     def _rotated(self) -> list[ChangeTracker]:
         """The tables in an order that differs per sidecar, so that sidecars
@@ -260,7 +275,8 @@ class Balancer:
         """Stop polling; the tables stay ``running`` until flushed and released."""
         for task in self.running.values():
             task.cancel()
-        await asyncio.gather(*self.running.values(), return_exceptions=True)
+        await asyncio.gather(*self.running.values(), *self.stopping.values(), return_exceptions=True)
+        self.stopping.clear()
 
     async def flush(self) -> None:
         """Persist the checkpoint of what was applied (after the applier's flush)."""
