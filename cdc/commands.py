@@ -15,6 +15,7 @@ from cdc.config import Config, TableConfig
 from cdc.daemon import Daemon
 from cdc.errors import CdcError, ConfigError, ConnectError, TransientError
 from cdc.pipeline import Pipeline
+from cdc.pipes import stdout_to_devnull
 from cdc.snapshot_range import REQUESTED, KeyRange, request_range, run_range
 from cdc.sources import make_source
 from cdc.sources.base import ChangeSource, Finding
@@ -332,17 +333,10 @@ async def subscribe(config: Config, partition: str, section: str | None, from_se
     except (KeyboardInterrupt, asyncio.CancelledError):
         pass
     except BrokenPipeError:  # `cdc subscribe ... | head`: the reader has what it wanted
-        _stdout_to_devnull()
+        stdout_to_devnull()
     finally:
         await manager.close()
     return 0
-
-
-def _stdout_to_devnull() -> None:
-    """What is left in stdout's buffer goes nowhere, not to a traceback at exit."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
 
 
 def _print_text(text: bytes) -> None:
