@@ -33,6 +33,14 @@ log = logging.getLogger("cdc.cleanup")
 # every minute: a line per run would bury the rest of the log).
 REMIND_EVERY = 3600.0
 
+# A failed run is tried again after 5 s, doubling, at most every 5 minutes (or
+# the interval, if shorter): one failure at start-up (the database restarting,
+# say) otherwise held /readyz at 503 for a whole cleanup_interval (30 minutes by
+# default) after the database was back. A cleanup that fails for good (a
+# missing grant) costs one statement per 5 minutes and notices the fix sooner.
+RETRY_FIRST = 5.0
+RETRY_MOST = 300.0
+
 
 def deployment_name(redis: RedisConfig) -> str:
     """Who claims a retention: the namespace and the Redis server it lives on
@@ -78,6 +86,12 @@ class CleanupJob:
             self._failed(f"unexpected error (a bug: please report it): {exc!r}")
         else:
             self._succeeded(deleted)
+
+    def retry_in(self, interval: float) -> float | None:
+        """Seconds until a failed cleanup is tried again (None: the last run worked)."""
+        if not self.failures:
+            return None
+        return min(RETRY_FIRST * 2.0 ** min(self.failures - 1, 16), RETRY_MOST, interval)
 
     def _failed(self, reason: str) -> None:
         self.failures += 1

@@ -54,6 +54,7 @@ SHUTDOWN_TIMEOUT = 30.0  # seconds the ordered shutdown may take before giving u
 # catalog query for all of them: ~1 ms on PostgreSQL): an added column, or a
 # table dropped and created again, reaches the documents within seconds.
 SHAPE_CHECK_INTERVAL = 2.0
+CLEANUP_RETRY = "cleanup-retry"  # the scheduler id of a failed cleanup's next try
 
 
 class Daemon:
@@ -304,6 +305,16 @@ class Daemon:
         except asyncio.CancelledError:
             if not self.stop_event.is_set():
                 raise
+            return
+        self._retry_failed_cleanup()
+
+    def _retry_failed_cleanup(self) -> None:
+        """A failed cleanup runs again soon, besides its interval (``cdc.cleanup_job``)."""
+        delay = self.cleanup_job.retry_in(self.config.source.cleanup_interval)
+        if delay is None or self.scheduler is None or self.stop_event.is_set():
+            return
+        when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=delay)
+        self.scheduler.add_job(self._cleanup, "date", run_date=when, id=CLEANUP_RETRY, replace_existing=True)
 
 
 def _log_upkeep_failure(state: RetryCallState) -> None:
