@@ -70,8 +70,10 @@ async def disable(sessions: Sessions, slot: SlotName, tables: Sequence[TableConf
                 dropped = [
                     what
                     for what, did in (
-                        ("replication slot", await pg_logical.drop_slot(conn, name)),
+                        # The publication first: a running sidecar recreates a
+                        # dropped slot while its publication still exists.
                         ("publication", await pg_logical.drop_publication(conn, name)),
+                        ("replication slot", await pg_logical.drop_slot(conn, name)),
                     )
                     if did
                 ]
