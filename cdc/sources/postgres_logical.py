@@ -190,9 +190,11 @@ class PostgresLogicalSource(PostgresSource):
         target = min(self._stored.get(info.table, -1), since)
         if target > found.slot.confirmed:
             await pg_logical.advance(conn, name, target)
-        decoded, relations, bound = await self._peek(conn, name, since, found.flush, upto)
+        decoded, bound = await self._peek(conn, name, since, found.flush, upto)
         bound = max(since, bound)
-        await self._loaders.prepare(conn, relations.values())
+        # every shape of the read: a column added and dropped within it leaves
+        # changes of a shape that is no longer the table's last
+        await self._loaders.prepare(conn, {c.relation for t in decoded for c in t.changes if c.relation})
         net = NetChanges(info.primary_key, self._loaders.decoder(info))
         for transaction in decoded:
             if not since < transaction.commit_lsn <= bound:
@@ -209,7 +211,7 @@ class PostgresLogicalSource(PostgresSource):
 
     async def _peek(
         self, conn: Connection, name: str, since: int, flush: int, upto: int | None
-    ) -> tuple[list[Transaction], dict[int, Relation], int]:
+    ) -> tuple[list[Transaction], int]:
         """The slot's transactions and the read's bound: up to ``upto`` when a
         paged read goes on, else those committing below ``flush``, at most
         ``DECODE_CHANGES`` messages (whole transactions, so the bound is then
@@ -224,11 +226,11 @@ class PostgresLogicalSource(PostgresSource):
             self.decoded += len(messages)
             decoded = list(transactions(iter(messages), relations))
             if upto is not None:
-                return decoded, relations, upto
+                return decoded, upto
             if len(messages) < cap or not decoded:
-                return decoded, relations, flush - 1
+                return decoded, flush - 1
             if decoded[-1].commit_lsn > since:
-                return decoded, relations, decoded[-1].commit_lsn
+                return decoded, decoded[-1].commit_lsn
             cap *= 4
 
     async def _rows(self, conn: Connection, info: TableInfo, net: NetChanges) -> list[ChangeRow]:
