@@ -101,19 +101,45 @@ async def check_replica_identity(conn: Connection, table: str, found: CatalogTab
 # -- enable and disable --------------------------------------------------------------
 
 
-async def ensure_publication(conn: Connection, name: str, table: CatalogTable) -> bool:
+async def ensure_publication(conn: Connection, name: str, table: CatalogTable) -> str:
     """The table's publication (its changes as the partitioned root's, for a
-    partitioned table); whether it was created."""
-    found = await (await conn.execute("select 1 from pg_publication where pubname = %s", [name])).fetchone()
-    if found is not None:
-        return False
-    options = sql.SQL(" with (publish_via_partition_root = true)") if table.partitioned else sql.SQL("")
-    await conn.execute(
-        sql.SQL("create publication {} for table {}{}").format(
-            sql.Identifier(name), sql.Identifier(table.schema, table.name), options
+    partitioned table); what was done: ``created``, ``in place``, or the table
+    added to it. A table dropped and created again under its name leaves the
+    publication (which holds tables, not names): its changes would no longer
+    be decoded, so it is added again (changes before that are not published:
+    the new table is snapshotted)."""
+    found = await (
+        await conn.execute(
+            "select p.pubviaroot, exists (select from pg_publication_rel r"
+            " where r.prpubid = p.oid and r.prrelid = %s) from pg_publication p where p.pubname = %s",
+            [table.oid, name],
         )
-    )
-    return True
+    ).fetchone()
+    if found is None:
+        options = sql.SQL(" with (publish_via_partition_root = true)") if table.partitioned else sql.SQL("")
+        await conn.execute(
+            sql.SQL("create publication {} for table {}{}").format(
+                sql.Identifier(name), sql.Identifier(table.schema, table.name), options
+            )
+        )
+        return "created"
+    via_root, holds = found
+    done = []
+    if bool(via_root) != table.partitioned:  # the table was made again, partitioned or not
+        await conn.execute(
+            sql.SQL("alter publication {} set (publish_via_partition_root = {})").format(
+                sql.Identifier(name), sql.Literal(table.partitioned)
+            )
+        )
+        done.append(f"publish_via_partition_root set to {str(table.partitioned).lower()}")
+    if not holds:
+        await conn.execute(
+            sql.SQL("alter publication {} add table {}").format(
+                sql.Identifier(name), sql.Identifier(table.schema, table.name)
+            )
+        )
+        done.append("the table added to it (it was not in it: dropped and created again?)")
+    return "in place" if not done else "in place, " + " and ".join(done)
 
 
 async def ensure_slot(conn: Connection, name: str) -> bool:

@@ -56,8 +56,9 @@ async def _publish(conn: Connection, name: str, table_config: TableConfig) -> st
         raise await pg_catalog.missing_table(conn, table_config.schema, table_config.name)
     pg_shape.table_info(table_config, found, "")  # a primary key, and columns that can be published
     await pg_logical.check_replica_identity(conn, table_config.table, found)
-    made = await pg_logical.ensure_publication(conn, name, found)
-    return f"{table_config.table}: publication {name} {'created' if made else 'in place'}"
+    return (
+        f"{table_config.table}: publication {name} {await pg_logical.ensure_publication(conn, name, found)}"
+    )
 
 
 async def disable(sessions: Sessions, slot: SlotName, tables: Sequence[TableConfig]) -> list[str]:
