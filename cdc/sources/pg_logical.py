@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -181,6 +182,33 @@ async def drop_publication(conn: Connection, name: str) -> bool:
         return False
     await conn.execute(sql.SQL("drop publication {}").format(sql.Identifier(name)))
     return True
+
+
+@dataclass(frozen=True)
+class OtherSlot:
+    """A cdc replication slot of this database that no table of a config uses."""
+
+    name: str
+    retained: int  # bytes of WAL it holds
+    active: bool  # a session reads it now
+    tables: str  # what its publication holds ("" when it has none)
+
+
+_OTHER_SLOTS = r"""
+select s.slot_name, coalesce(pg_wal_lsn_diff(pg_current_wal_insert_lsn(), s.restart_lsn), 0)::bigint, s.active,
+       coalesce((select string_agg(quote_ident(t.schemaname) || '.' || quote_ident(t.tablename), ', ')
+                   from pg_publication_tables t where t.pubname = s.slot_name), '')
+  from pg_replication_slots s
+ where s.database = current_database() and s.plugin = 'pgoutput' and s.slot_name like 'cdc\_%%'
+   and not s.slot_name = any(%s::text[])
+ order by 2 desc, 1
+"""
+
+
+async def other_slots(conn: Connection, ours: Sequence[str]) -> list[OtherSlot]:
+    """The cdc slots (``slot_name``'s shape, pgoutput) of this database but ``ours``."""
+    rows = await (await conn.execute(_OTHER_SLOTS, [list(ours)])).fetchall()
+    return [OtherSlot(str(n), int(r), bool(a), str(t)) for n, r, a, t in rows]
 
 
 # -- a read's window ---------------------------------------------------------------

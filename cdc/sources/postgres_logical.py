@@ -330,6 +330,10 @@ class PostgresLogicalSource(PostgresSource):
     async def tracking_status(self, tables: Sequence[TableConfig]) -> list[TrackingStatus]:
         return await pg_logical_admin.status(self._sessions, self.slot, tables)
 
+    async def other_slots(self, tables: Sequence[TableConfig]) -> list[str]:
+        """The cdc slots of the database that none of ``tables`` (a whole config) uses."""
+        return await pg_logical_admin.other_slots(self._sessions, self.slot, tables)
+
     async def grant_runtime(self, tables: Sequence[TableConfig], role: str) -> list[str]:
         return await pg_logical_admin.grant(self._sessions, tables, role)
 

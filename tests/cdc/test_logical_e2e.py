@@ -273,3 +273,34 @@ async def test_column_changes_within_one_read_are_mirrored_with_the_sidecar_runn
     finally:
         daemon.request_stop()
         await asyncio.wait_for(run, 30)
+
+
+async def test_slots_left_by_a_changed_namespace_are_listed_never_dropped(
+    postgres_dsn: str, redis_url: str, pg_schema: str, tmp_path: Path
+) -> None:
+    """A slot's name hashes the deployment: after a change of redis.namespace,
+    ``cdc tracking status`` and ``cdc doctor`` name the old slots, the WAL they
+    hold and how to drop them; neither drops them."""
+    await create_tables(postgres_dsn, pg_schema)
+    (tmp_path / "old").mkdir()
+    old = _config_path(tmp_path / "old", pg_schema, postgres_dsn, redis_url, "t" + uuid.uuid4().hex[:10])
+    assert cdc("tracking", "enable", "-c", str(old)).returncode == 0
+    left = await _slots(postgres_dsn, pg_schema)
+    assert len(left) == 2
+    new = _config_path(tmp_path, pg_schema, postgres_dsn, redis_url, "t" + uuid.uuid4().hex[:10])
+    try:
+        status = cdc("tracking", "status", "-c", str(new))
+        doctor = cdc("doctor", "-c", str(new))
+
+        assert status.returncode == 1, "the new deployment's tables are not tracked yet"
+        for slot in left:
+            [line] = [x for x in status.stdout.splitlines() if f"slot {slot} " in x]
+            assert "MiB of WAL" in line and f"pg_drop_replication_slot('{slot}')" in line
+            assert f"slot {slot}" in doctor.stdout
+        assert await _slots(postgres_dsn, pg_schema) == left, "listed, never dropped"
+        mine = cdc("tracking", "status", "-c", str(old))
+        assert not any(f"slot {slot} " in mine.stdout for slot in left), (
+            "a deployment's own slots are not listed"
+        )
+    finally:
+        assert cdc("tracking", "disable", "-c", str(old)).returncode == 0
