@@ -75,6 +75,24 @@ from cdc.sources.postgres import PostgresSource
 DECODE_CHANGES = 20_000
 
 
+# Per table: whether its publication holds it, and its partitions (every level)
+# with their relfilenode, or null when it is not partitioned. pgoutput sends
+# nothing for a TRUNCATE, DETACH or DROP of a single partition (nor an ATTACH's
+# rows): the fingerprint moves instead (a TRUNCATE gives the partition a new
+# relfilenode), so the table is described again and snapshotted (describer).
+# VACUUM FULL or CLUSTER of a partition moves it too: a snapshot more.
+_PUBLISHED = """
+select exists (select from pg_publication_tables p where p.pubname = n.name
+                and p.schemaname = n.schema_name and p.tablename = n.table_name),
+       (select string_agg(t.relid::oid::text || ' ' || c.relfilenode::text, ', ' order by t.relid::oid)
+          from pg_partition_tree(to_regclass(quote_ident(n.schema_name) || '.' || quote_ident(n.table_name))) t
+          join pg_class c on c.oid = t.relid
+         where t.level > 0)
+  from unnest(%s::text[], %s::text[], %s::text[]) with ordinality as n(name, schema_name, table_name, ord)
+ order by n.ord
+"""
+
+
 @dataclass
 class _Held:
     """The rest of a read (``read_changes`` pages from memory)."""
@@ -119,20 +137,19 @@ class PostgresLogicalSource(PostgresSource):
     async def _published_fingerprints(
         self, conn: Connection, tables: Sequence[TableConfig]
     ) -> list[str | None]:
-        """The shape (``pg_shape``) and whether the table's publication holds it."""
+        """The shape (``pg_shape``), whether the table's publication holds it,
+        and, for a partitioned table, its partitions with their storage
+        (``_PARTITIONS``)."""
         found = await pg_shape.fingerprints(conn, self._schema, tables)
         names = [self.slot(t.table, conn.info.dbname) for t in tables]
         published = await (
-            await conn.execute(
-                "select exists (select from pg_publication_tables p where p.pubname = n.name"
-                " and p.schemaname = n.schema_name and p.tablename = n.table_name)"
-                " from unnest(%s::text[], %s::text[], %s::text[]) with ordinality"
-                " as n(name, schema_name, table_name, ord) order by n.ord",
-                [names, [t.schema for t in tables], [t.name for t in tables]],
-            )
+            await conn.execute(_PUBLISHED, [names, [t.schema for t in tables], [t.name for t in tables]])
         ).fetchall()
         return [
-            None if f is None else f"{f} | publication {p[0]}" for f, p in zip(found, published, strict=True)
+            None
+            if f is None
+            else f"{f} | publication {p}" + ("" if parts is None else f" | partitions {parts}")
+            for f, (p, parts) in zip(found, published, strict=True)
         ]
 
     async def current_version(self) -> int:
