@@ -73,9 +73,10 @@ def _waits(waiting: Sequence[pg_logical.Committing], waited: float) -> str:
         f" and {len(waiting) - 5} more" if len(waiting) > 5 else ""
     )
     return (
-        f"waits for transactions that were committing when its version was read, for {waited:.0f}s"
-        f" (of {WAIT_SECONDS:.0f}s): {shown} (a commit held by a synchronous standby, or a prepared"
-        " transaction, ends when the standby answers, or with COMMIT/ROLLBACK PREPARED)"
+        f"waits for transactions that may have been committing when its version was read, for"
+        f" {waited:.0f}s (of {WAIT_SECONDS:.0f}s): {shown} (running then and not idle in a transaction;"
+        " a long statement ends when it ends, a commit held by a synchronous standby when the standby"
+        " answers, a prepared transaction with COMMIT or ROLLBACK PREPARED)"
     )
 
 
