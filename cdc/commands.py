@@ -135,6 +135,7 @@ async def tracking(
             for line in await source.tracking_disable(chosen):
                 _print(line)
         statuses = await source.tracking_status(chosen)
+        others = await _other_slots(config, source) if action == "status" and table is None else []
     if as_json:
         _print(orjson.dumps([s.__dict__ for s in statuses]).decode())
     elif action == "status":
@@ -143,7 +144,21 @@ async def tracking(
             _print(
                 f"{state} {s.table}  min_valid={s.min_valid_version}  current={s.current_version}  {s.detail}"
             )
+    for line in others:  # slots no table of this config uses (logical capture): said, never dropped
+        if as_json:
+            sys.stderr.write(line + "\n")  # stdout stays the statuses' JSON
+        else:
+            _print(line)
     return 0 if all(s.enabled for s in statuses) or action == "disable" else 1
+
+
+async def _other_slots(config: Config, source: ChangeSource) -> list[str]:
+    if config.source.kind != "postgres" or config.source.capture != "logical":
+        return []
+    from cdc.sources.postgres_logical import PostgresLogicalSource
+
+    assert isinstance(source, PostgresLogicalSource)
+    return await source.other_slots(config.tables)
 
 
 def _chosen_tables(config: Config, table: str | None, action: str) -> list[TableConfig]:

@@ -75,6 +75,24 @@ from cdc.sources.postgres import PostgresSource
 DECODE_CHANGES = 20_000
 
 
+# Per table: whether its publication holds it, and its partitions (every level)
+# with their relfilenode, or null when it is not partitioned. pgoutput sends
+# nothing for a TRUNCATE, DETACH or DROP of a single partition (nor an ATTACH's
+# rows): the fingerprint moves instead (a TRUNCATE gives the partition a new
+# relfilenode), so the table is described again and snapshotted (describer).
+# VACUUM FULL or CLUSTER of a partition moves it too: a snapshot more.
+_PUBLISHED = """
+select exists (select from pg_publication_tables p where p.pubname = n.name
+                and p.schemaname = n.schema_name and p.tablename = n.table_name),
+       (select string_agg(t.relid::oid::text || ' ' || c.relfilenode::text, ', ' order by t.relid::oid)
+          from pg_partition_tree(to_regclass(quote_ident(n.schema_name) || '.' || quote_ident(n.table_name))) t
+          join pg_class c on c.oid = t.relid
+         where t.level > 0)
+  from unnest(%s::text[], %s::text[], %s::text[]) with ordinality as n(name, schema_name, table_name, ord)
+ order by n.ord
+"""
+
+
 @dataclass
 class _Held:
     """The rest of a read (``read_changes`` pages from memory)."""
@@ -119,20 +137,19 @@ class PostgresLogicalSource(PostgresSource):
     async def _published_fingerprints(
         self, conn: Connection, tables: Sequence[TableConfig]
     ) -> list[str | None]:
-        """The shape (``pg_shape``) and whether the table's publication holds it."""
+        """The shape (``pg_shape``), whether the table's publication holds it,
+        and, for a partitioned table, its partitions with their storage
+        (``_PARTITIONS``)."""
         found = await pg_shape.fingerprints(conn, self._schema, tables)
         names = [self.slot(t.table, conn.info.dbname) for t in tables]
         published = await (
-            await conn.execute(
-                "select exists (select from pg_publication_tables p where p.pubname = n.name"
-                " and p.schemaname = n.schema_name and p.tablename = n.table_name)"
-                " from unnest(%s::text[], %s::text[], %s::text[]) with ordinality"
-                " as n(name, schema_name, table_name, ord) order by n.ord",
-                [names, [t.schema for t in tables], [t.name for t in tables]],
-            )
+            await conn.execute(_PUBLISHED, [names, [t.schema for t in tables], [t.name for t in tables]])
         ).fetchall()
         return [
-            None if f is None else f"{f} | publication {p[0]}" for f, p in zip(found, published, strict=True)
+            None
+            if f is None
+            else f"{f} | publication {p}" + ("" if parts is None else f" | partitions {parts}")
+            for f, (p, parts) in zip(found, published, strict=True)
         ]
 
     async def current_version(self) -> int:
@@ -190,9 +207,11 @@ class PostgresLogicalSource(PostgresSource):
         target = min(self._stored.get(info.table, -1), since)
         if target > found.slot.confirmed:
             await pg_logical.advance(conn, name, target)
-        decoded, relations, bound = await self._peek(conn, name, since, found.flush, upto)
+        decoded, bound = await self._peek(conn, name, since, found.flush, upto)
         bound = max(since, bound)
-        await self._loaders.prepare(conn, relations.values())
+        # every shape of the read: a column added and dropped within it leaves
+        # changes of a shape that is no longer the table's last
+        await self._loaders.prepare(conn, {c.relation for t in decoded for c in t.changes if c.relation})
         net = NetChanges(info.primary_key, self._loaders.decoder(info))
         for transaction in decoded:
             if not since < transaction.commit_lsn <= bound:
@@ -209,7 +228,7 @@ class PostgresLogicalSource(PostgresSource):
 
     async def _peek(
         self, conn: Connection, name: str, since: int, flush: int, upto: int | None
-    ) -> tuple[list[Transaction], dict[int, Relation], int]:
+    ) -> tuple[list[Transaction], int]:
         """The slot's transactions and the read's bound: up to ``upto`` when a
         paged read goes on, else those committing below ``flush``, at most
         ``DECODE_CHANGES`` messages (whole transactions, so the bound is then
@@ -224,11 +243,11 @@ class PostgresLogicalSource(PostgresSource):
             self.decoded += len(messages)
             decoded = list(transactions(iter(messages), relations))
             if upto is not None:
-                return decoded, relations, upto
+                return decoded, upto
             if len(messages) < cap or not decoded:
-                return decoded, relations, flush - 1
+                return decoded, flush - 1
             if decoded[-1].commit_lsn > since:
-                return decoded, relations, decoded[-1].commit_lsn
+                return decoded, decoded[-1].commit_lsn
             cap *= 4
 
     async def _rows(self, conn: Connection, info: TableInfo, net: NetChanges) -> list[ChangeRow]:
@@ -327,6 +346,10 @@ class PostgresLogicalSource(PostgresSource):
 
     async def tracking_status(self, tables: Sequence[TableConfig]) -> list[TrackingStatus]:
         return await pg_logical_admin.status(self._sessions, self.slot, tables)
+
+    async def other_slots(self, tables: Sequence[TableConfig]) -> list[str]:
+        """The cdc slots of the database that none of ``tables`` (a whole config) uses."""
+        return await pg_logical_admin.other_slots(self._sessions, self.slot, tables)
 
     async def grant_runtime(self, tables: Sequence[TableConfig], role: str) -> list[str]:
         return await pg_logical_admin.grant(self._sessions, tables, role)
