@@ -54,7 +54,6 @@ SHUTDOWN_TIMEOUT = 30.0  # seconds the ordered shutdown may take before giving u
 # catalog query for all of them: ~1 ms on PostgreSQL): an added column, or a
 # table dropped and created again, reaches the documents within seconds.
 SHAPE_CHECK_INTERVAL = 2.0
-CLEANUP_RETRY = "cleanup-retry"  # the scheduler id of a failed cleanup's next try
 
 
 class Daemon:
@@ -295,26 +294,9 @@ class Daemon:
             log.debug("shape check failed", extra={"error": str(exc)})
 
     async def _cleanup(self) -> None:
-        """The source's retention cleanup, scoped to this config's tables; a
-        failure is a state (``cdc.cleanup_job``), never the scheduler's traceback.
-        It runs at start-up too, so a shutdown (``--once``) may cut it short:
-        the scheduler's shutdown cancels it, its transaction rolls back, and
-        that is no error to log."""
-        try:
-            await self.cleanup_job.run()
-        except asyncio.CancelledError:
-            if not self.stop_event.is_set():
-                raise
-            return
-        self._retry_failed_cleanup()
-
-    def _retry_failed_cleanup(self) -> None:
-        """A failed cleanup runs again soon, besides its interval (``cdc.cleanup_job``)."""
-        delay = self.cleanup_job.retry_in(self.config.source.cleanup_interval)
-        if delay is None or self.scheduler is None or self.stop_event.is_set():
-            return
-        when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=delay)
-        self.scheduler.add_job(self._cleanup, "date", run_date=when, id=CLEANUP_RETRY, replace_existing=True)
+        """The source's retention cleanup, scoped to this config's tables (``cdc.cleanup_job``)."""
+        assert self.scheduler is not None
+        await self.cleanup_job.scheduled(self.scheduler, self._cleanup, self.stop_event)
 
 
 def _log_upkeep_failure(state: RetryCallState) -> None:

@@ -23,8 +23,9 @@ import pytest
 import redis.asyncio as aioredis
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from cdc.cleanup_job import RETRY_JOB
 from cdc.config import load_config
-from cdc.daemon import CLEANUP_RETRY, Daemon
+from cdc.daemon import Daemon
 from cdc.devservers import free_port
 from publishers.layout import Layout
 from tests.chaos import Sidecar, lease_holders
@@ -196,9 +197,7 @@ async def test_a_cleanup_the_role_may_not_do_is_a_state_until_granted_never_a_tr
         await wait_for(_cleanup_failed(daemon, 1), 30, "the first cleanup to fail")
         assert daemon.scheduler is not None
         (job,) = [
-            job
-            for job in daemon.scheduler.get_jobs()
-            if job.id != CLEANUP_RETRY and job.func == daemon._cleanup
+            job for job in daemon.scheduler.get_jobs() if job.id != RETRY_JOB and job.func == daemon._cleanup
         ]
         for run in range(2, 4):
             job.modify(next_run_time=datetime.now(UTC))
