@@ -75,19 +75,10 @@ from cdc.sources.postgres import PostgresSource
 DECODE_CHANGES = 20_000
 
 
-# Per table: whether its publication holds it, and its partitions (every level)
-# with their relfilenode, or null when it is not partitioned. pgoutput sends
-# nothing for a TRUNCATE, DETACH or DROP of a single partition (nor an ATTACH's
-# rows): the fingerprint moves instead (a TRUNCATE gives the partition a new
-# relfilenode), so the table is described again and snapshotted (describer).
-# VACUUM FULL or CLUSTER of a partition moves it too: a snapshot more.
+# Per table: whether its publication holds it (a re-created table is in none).
 _PUBLISHED = """
 select exists (select from pg_publication_tables p where p.pubname = n.name
-                and p.schemaname = n.schema_name and p.tablename = n.table_name),
-       (select string_agg(t.relid::oid::text || ' ' || c.relfilenode::text, ', ' order by t.relid::oid)
-          from pg_partition_tree(to_regclass(quote_ident(n.schema_name) || '.' || quote_ident(n.table_name))) t
-          join pg_class c on c.oid = t.relid
-         where t.level > 0)
+                and p.schemaname = n.schema_name and p.tablename = n.table_name)
   from unnest(%s::text[], %s::text[], %s::text[]) with ordinality as n(name, schema_name, table_name, ord)
  order by n.ord
 """
@@ -137,19 +128,15 @@ class PostgresLogicalSource(PostgresSource):
     async def _published_fingerprints(
         self, conn: Connection, tables: Sequence[TableConfig]
     ) -> list[str | None]:
-        """The shape (``pg_shape``), whether the table's publication holds it,
-        and, for a partitioned table, its partitions with their storage
-        (``_PARTITIONS``)."""
+        """The shape (``pg_shape``, a partitioned table's partitions with it)
+        and whether the table's publication holds it."""
         found = await pg_shape.fingerprints(conn, self._schema, tables)
         names = [self.slot(t.table, conn.info.dbname) for t in tables]
         published = await (
             await conn.execute(_PUBLISHED, [names, [t.schema for t in tables], [t.name for t in tables]])
         ).fetchall()
         return [
-            None
-            if f is None
-            else f"{f} | publication {p}" + ("" if parts is None else f" | partitions {parts}")
-            for f, (p, parts) in zip(found, published, strict=True)
+            None if f is None else f"{f} | publication {p[0]}" for f, p in zip(found, published, strict=True)
         ]
 
     async def current_version(self) -> int:

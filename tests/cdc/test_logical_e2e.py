@@ -31,7 +31,6 @@ from cdc.daemon import Daemon
 from cdc.devservers import PostgresServer, ServerUnavailable
 from publishers.layout import Layout
 from tests.e2e import (
-    ITEMS_DDL,
     Writers,
     assert_mirrored,
     assert_seq_gap_free,
@@ -305,45 +304,3 @@ async def test_slots_left_by_a_changed_namespace_are_listed_never_dropped(
         )
     finally:
         assert cdc("tracking", "disable", "-c", str(old)).returncode == 0
-
-
-async def test_truncate_detach_drop_and_attach_of_one_partition_are_mirrored(
-    postgres_dsn: str, redis_url: str, pg_schema: str, namespace: str, redis_client: aioredis.Redis
-) -> None:
-    """pgoutput sends nothing for a TRUNCATE, DETACH or DROP of one partition,
-    nor an ATTACH's rows: the table's fingerprint moves, and it is snapshotted
-    again (the sidecar running)."""
-    config = make_config(pg_schema, postgres_dsn, redis_url, namespace, capture="logical")
-    await create_tables(postgres_dsn, pg_schema)
-    items = f"{pg_schema}.items"
-    partitioned = ITEMS_DDL.format(s=pg_schema).strip() + " partition by range (id)"
-    await _execute(
-        postgres_dsn,
-        f"drop table {items}",
-        partitioned,
-        *(
-            f"create table {items}_{n} partition of {items} for values from ({n}) to ({n + 100})"
-            for n in (0, 100, 200)
-        ),
-        f"insert into {items} (id, name, qty) select i, 'r' || i, i from unnest(array[1, 2, 101, 102, 201]) i",
-    )
-    await enable_tracking(config)
-    daemon = Daemon(config)
-    run = asyncio.create_task(daemon.run())
-    try:
-        await assert_mirrored(postgres_dsn, pg_schema, redis_client, namespace)
-        await _execute(postgres_dsn, f"truncate {items}_100")
-        await assert_mirrored(postgres_dsn, pg_schema, redis_client, namespace)
-        await _execute(postgres_dsn, f"alter table {items} detach partition {items}_200")
-        await assert_mirrored(postgres_dsn, pg_schema, redis_client, namespace)
-        await _execute(
-            postgres_dsn,
-            f"insert into {items}_200 (id, name, qty) values (202, 'attached', 1)",
-            f"alter table {items} attach partition {items}_200 for values from (200) to (300)",
-        )
-        await assert_mirrored(postgres_dsn, pg_schema, redis_client, namespace)
-        await _execute(postgres_dsn, f"drop table {items}_0")
-        await assert_mirrored(postgres_dsn, pg_schema, redis_client, namespace)
-    finally:
-        daemon.request_stop()
-        await asyncio.wait_for(run, 30)
