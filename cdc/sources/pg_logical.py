@@ -339,12 +339,23 @@ class Committing:
 
 async def view_start(conn: Connection) -> ViewStart:
     """P, then N (autocommit: N's transaction ends before the view's snapshot
-    is taken, so that snapshot's xmax is above N). N's commit is asynchronous:
-    it writes a commit record (an assigned xid does), which need not wait for a
-    WAL flush or a synchronous standby."""
+    is taken, so that snapshot's xmax is above N).
+
+    N's transaction also makes P durable: it writes a transactional logical
+    message (no table, no privilege; pgoutput passes messages only to a reader
+    that asks for them, which ours does not) and commits with
+    ``synchronous_commit = local``, so its commit waits for the WAL to be
+    flushed up to its commit record, past P (a transaction that only takes an
+    xid writes no WAL before its commit, and such a commit never waits). A P
+    not flushed yet is no version: a crash that lost the WAL tail below it
+    rewinds the WAL, commits after the restart reuse positions at or below
+    ``v``, and the catch-up from ``v`` would skip them (a review reproduced it
+    with the WAL writer paused and an immediate stop). ``local``: a flush of
+    this server only, never a wait for a synchronous standby."""
     position = await (await conn.execute("select (pg_current_wal_insert_lsn() - '0/0')::bigint")).fetchone()
     async with conn.transaction():
-        await conn.execute("set local synchronous_commit = off")
+        await conn.execute("set local synchronous_commit = local")
+        await conn.execute("select pg_logical_emit_message(true, 'cdc-sync', 'view')")
         bound = await (await conn.execute("select pg_current_xact_id()::text::bigint")).fetchone()
     assert position is not None and bound is not None
     return ViewStart(int(position[0]), int(bound[0]))

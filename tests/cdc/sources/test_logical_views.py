@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,6 +25,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from cdc.daemon import Daemon
+from cdc.devservers import PostgresServer
+from cdc.sources import pg_logical
 from tests.contract.harness import PostgresLogicalHarness, read_all
 from tests.e2e import actual_documents, assert_mirrored, create_tables, enable_tracking, make_config, wait_for
 
@@ -197,3 +201,44 @@ async def test_a_read_across_column_changes_decodes_every_shape(harness: Postgre
         ("I", {"id": 2, "n": 2, "note": "b"}),
         ("I", {"id": 3, "n": 3, "note": "c"}),
     ]
+
+
+async def test_a_views_version_is_flushed_before_it_is_used() -> None:
+    """The version must be durable: a crash that lost the WAL tail below it
+    would let commits after the restart reuse positions at or below it, which
+    the catch-up from it skips (a review lost a row so: the WAL writer
+    paused, asynchronous commits, a snapshot, an immediate stop). Here the WAL
+    writer is paused while asynchronous commits leave the WAL unflushed: the
+    view's start must flush it past its version itself."""
+    server = PostgresServer(settings=("wal_level=logical",)).start()
+    try:
+        async with await psycopg.AsyncConnection.connect(server.dsn, autocommit=True) as conn:
+            await conn.execute("create table filler (x text)")
+            row = await (
+                await conn.execute("select pid from pg_stat_activity where backend_type = 'walwriter'")
+            ).fetchone()
+            assert row is not None
+            os.kill(row[0], signal.SIGSTOP)
+            try:
+                await conn.execute("set synchronous_commit = off")
+                for _ in range(20):  # asynchronous commits: WAL inserted, not flushed
+                    await conn.execute(
+                        "insert into filler select repeat('y', 100) from generate_series(1, 10)"
+                    )
+                assert await _lsn(conn, "pg_current_wal_flush_lsn()") < await _lsn(
+                    conn, "pg_current_wal_insert_lsn()"
+                )
+                start = await pg_logical.view_start(conn)
+                assert await _lsn(conn, "pg_current_wal_flush_lsn()") >= start.position, (
+                    "the version is not durable"
+                )
+            finally:
+                os.kill(row[0], signal.SIGCONT)
+    finally:
+        server.cleanup()
+
+
+async def _lsn(conn: psycopg.AsyncConnection[Any], function: str) -> int:
+    row = await (await conn.execute(f"select ({function} - '0/0')::bigint")).fetchone()  # type: ignore[arg-type]
+    assert row is not None
+    return int(row[0])
