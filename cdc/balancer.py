@@ -109,8 +109,9 @@ class Balancer:
         self.policy: Policy = policy or FairShare()
         self._register = register  # writes this sidecar's heartbeat whole
         self.running: dict[str, asyncio.Task[None]] = {}  # table -> its tracker, while we hold its lease
+        # table -> its tracker's task, cancelled on a lost lease and not ended yet
+        self.stopping: dict[str, asyncio.Task[None]] = {}
         self.done: set[str] = set()  # tables finished (TakeAll) or skipped
-        self._stopping: dict[str, asyncio.Task[None]] = {}  # lease lost, tracker cancelled, not yet ended
         self.last_round = time.monotonic()  # when a round was last tried (liveness)
         self._leases: Leases | None = None
         self._epoch = ""
@@ -152,7 +153,9 @@ class Balancer:
         await self._stay_registered()
         await self._forward_snapshot_requests()
         await self._renew()
-        free = [t for t in self._rotated() if self._free(t.table)]
+        self._forget_stopped()
+        busy = self.running.keys() | self.stopping.keys() | self.done
+        free = [t for t in self._rotated() if t.table not in busy]
         await self.policy.place(self, free)
 
     async def _check_epoch(self) -> None:
@@ -209,19 +212,16 @@ class Balancer:
                 )
                 task = self.running.pop(table)
                 task.cancel()
-                self._stopping[table] = task
+                self.stopping[table] = task
 
-    def _free(self, table: str) -> bool:
-        """Not ours, not done, and no cancelled tracker of it still running: a
-        new one started beside it (its lease lost in a failover, taken back
-        at once) would race its last writes, e.g. a snapshot's ``@seen``
-        drop, which no fence stops (suspected in a cluster failover run that
-        ended with 4 documents missing)."""
-        stopping = self._stopping.get(table)
-        if stopping is not None and stopping.done():
-            del self._stopping[table]
-            stopping = None
-        return table not in self.running and table not in self.done and stopping is None
+    def _forget_stopped(self) -> None:
+        """A cancelled tracker's task unwinds at its next turn (its page
+        writer settles the page in flight, say): until it has ended, the
+        table is not taken again, or two runs of the one tracker would share
+        its position, fence and snapshot state."""
+        for table, task in list(self.stopping.items()):
+            if task.done():
+                del self.stopping[table]
 
     def _rotated(self) -> list[ChangeTracker]:
         """The tables in an order that differs per sidecar, so that sidecars
@@ -274,7 +274,8 @@ class Balancer:
         """Stop polling; the tables stay ``running`` until flushed and released."""
         for task in self.running.values():
             task.cancel()
-        await asyncio.gather(*self.running.values(), *self._stopping.values(), return_exceptions=True)
+        await asyncio.gather(*self.running.values(), *self.stopping.values(), return_exceptions=True)
+        self.stopping.clear()
 
     async def flush(self) -> None:
         """Persist the checkpoint of what was applied (after the applier's flush)."""

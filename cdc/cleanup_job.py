@@ -17,9 +17,14 @@ works again.
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from urllib.parse import parse_qs, urlsplit
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from cdc.config import Config
 from cdc.errors import CdcError
@@ -32,6 +37,15 @@ log = logging.getLogger("cdc.cleanup")
 # Seconds between two reminders of a cleanup that goes on failing (it may run
 # every minute: a line per run would bury the rest of the log).
 REMIND_EVERY = 3600.0
+
+# A failed run is tried again after 5 s, doubling, at most every 5 minutes (or
+# the interval, if shorter): one failure at start-up (the database restarting,
+# say) otherwise held /readyz at 503 for a whole cleanup_interval (30 minutes by
+# default) after the database was back. A cleanup that fails for good (a
+# missing grant) costs one statement per 5 minutes and notices the fix sooner.
+RETRY_FIRST = 5.0
+RETRY_MOST = 300.0
+RETRY_JOB = "cleanup-retry"  # the scheduler's id of a failed cleanup's next try
 
 
 def deployment_name(redis: RedisConfig) -> str:
@@ -64,6 +78,7 @@ class CleanupJob:
 
     def __init__(self, config: Config, pipeline: Pipeline) -> None:
         self.retention = config.source.retention
+        self.interval = config.source.cleanup_interval
         self.scope = cleanup_scope(config)
         self.pipeline = pipeline
         self.failures = 0  # in a row
@@ -78,6 +93,31 @@ class CleanupJob:
             self._failed(f"unexpected error (a bug: please report it): {exc!r}")
         else:
             self._succeeded(deleted)
+
+    async def scheduled(
+        self, scheduler: AsyncIOScheduler, job: Callable[[], Awaitable[None]], stopping: asyncio.Event
+    ) -> None:
+        """A run as the daemon's scheduler makes it (``job`` is that job): a
+        failure is a state, never the scheduler's traceback, and is tried again
+        soon (``retry_in``). It runs at start-up too, so a shutdown (``--once``)
+        may cut it short: the scheduler's shutdown cancels it, its transaction
+        rolls back, and that is no error to log."""
+        try:
+            await self.run()
+        except asyncio.CancelledError:
+            if not stopping.is_set():
+                raise
+            return
+        delay = self.retry_in(self.interval)
+        if delay is not None and not stopping.is_set():
+            when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=delay)
+            scheduler.add_job(job, "date", run_date=when, id=RETRY_JOB, replace_existing=True)
+
+    def retry_in(self, interval: float) -> float | None:
+        """Seconds until a failed cleanup is tried again (None: the last run worked)."""
+        if not self.failures:
+            return None
+        return min(RETRY_FIRST * 2.0 ** min(self.failures - 1, 16), RETRY_MOST, interval)
 
     def _failed(self, reason: str) -> None:
         self.failures += 1

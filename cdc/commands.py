@@ -15,6 +15,7 @@ from cdc.config import Config, TableConfig
 from cdc.daemon import Daemon
 from cdc.errors import CdcError, ConfigError, ConnectError, TransientError
 from cdc.pipeline import Pipeline
+from cdc.pipes import stdout_to_devnull
 from cdc.snapshot_range import REQUESTED, KeyRange, request_range, run_range
 from cdc.sources import make_source
 from cdc.sources.base import ChangeSource, Finding
@@ -134,6 +135,7 @@ async def tracking(
             for line in await source.tracking_disable(chosen):
                 _print(line)
         statuses = await source.tracking_status(chosen)
+        others = await _other_slots(config, source) if action == "status" and table is None else []
     if as_json:
         _print(orjson.dumps([s.__dict__ for s in statuses]).decode())
     elif action == "status":
@@ -142,7 +144,21 @@ async def tracking(
             _print(
                 f"{state} {s.table}  min_valid={s.min_valid_version}  current={s.current_version}  {s.detail}"
             )
+    for line in others:  # slots no table of this config uses (logical capture): said, never dropped
+        if as_json:
+            sys.stderr.write(line + "\n")  # stdout stays the statuses' JSON
+        else:
+            _print(line)
     return 0 if all(s.enabled for s in statuses) or action == "disable" else 1
+
+
+async def _other_slots(config: Config, source: ChangeSource) -> list[str]:
+    if config.source.kind != "postgres" or config.source.capture != "logical":
+        return []
+    from cdc.sources.postgres_logical import PostgresLogicalSource
+
+    assert isinstance(source, PostgresLogicalSource)
+    return await source.other_slots(config.tables)
 
 
 def _chosen_tables(config: Config, table: str | None, action: str) -> list[TableConfig]:
@@ -332,17 +348,10 @@ async def subscribe(config: Config, partition: str, section: str | None, from_se
     except (KeyboardInterrupt, asyncio.CancelledError):
         pass
     except BrokenPipeError:  # `cdc subscribe ... | head`: the reader has what it wanted
-        _stdout_to_devnull()
+        stdout_to_devnull()
     finally:
         await manager.close()
     return 0
-
-
-def _stdout_to_devnull() -> None:
-    """What is left in stdout's buffer goes nowhere, not to a traceback at exit."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
 
 
 def _print_text(text: bytes) -> None:

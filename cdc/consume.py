@@ -9,13 +9,13 @@ application puts its own handler where ``_Printer.print_delivery`` is.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 
 from cdc.config import Config
 from cdc.consume_args import check_consumption
 from cdc.errors import ConfigError
+from cdc.pipes import stdout_to_devnull
 from publishers.consumer import Consumer, ConsumerSettings, Delivery, Lost, StopConsuming
 from publishers.errors import CdcError
 from publishers.manager import DataManager
@@ -63,10 +63,8 @@ async def consume(
     printer = _Printer()
     runner = Consumer(config.redis, settings, printer.print_delivery, on_lost=_lost)
     await runner.run(handle_signals=True)
-    if printer.closed:  # what is left in stdout's buffer goes nowhere, not to a traceback at exit
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+    if printer.closed:
+        stdout_to_devnull()
     return 0
 
 

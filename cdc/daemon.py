@@ -294,16 +294,9 @@ class Daemon:
             log.debug("shape check failed", extra={"error": str(exc)})
 
     async def _cleanup(self) -> None:
-        """The source's retention cleanup, scoped to this config's tables; a
-        failure is a state (``cdc.cleanup_job``), never the scheduler's traceback.
-        It runs at start-up too, so a shutdown (``--once``) may cut it short:
-        the scheduler's shutdown cancels it, its transaction rolls back, and
-        that is no error to log."""
-        try:
-            await self.cleanup_job.run()
-        except asyncio.CancelledError:
-            if not self.stop_event.is_set():
-                raise
+        """The source's retention cleanup, scoped to this config's tables (``cdc.cleanup_job``)."""
+        assert self.scheduler is not None
+        await self.cleanup_job.scheduled(self.scheduler, self._cleanup, self.stop_event)
 
 
 def _log_upkeep_failure(state: RetryCallState) -> None:

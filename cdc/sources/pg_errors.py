@@ -23,7 +23,9 @@ from cdc.errors import (
 )
 from cdc.sources.pg_dsn import dsn_problem, redact_dsn, scrub
 
-# What a broken link raises: the connection may be gone with it.
+# What a broken link raises: the connection may be gone with it. (OperationalError
+# includes SQLSTATE class 55, ObjectInUse: a replication slot that another sidecar
+# still reads during a lease hand-over, retried as SourceUnavailable.)
 LINK_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, OSError)
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -101,19 +102,45 @@ async def check_replica_identity(conn: Connection, table: str, found: CatalogTab
 # -- enable and disable --------------------------------------------------------------
 
 
-async def ensure_publication(conn: Connection, name: str, table: CatalogTable) -> bool:
+async def ensure_publication(conn: Connection, name: str, table: CatalogTable) -> str:
     """The table's publication (its changes as the partitioned root's, for a
-    partitioned table); whether it was created."""
-    found = await (await conn.execute("select 1 from pg_publication where pubname = %s", [name])).fetchone()
-    if found is not None:
-        return False
-    options = sql.SQL(" with (publish_via_partition_root = true)") if table.partitioned else sql.SQL("")
-    await conn.execute(
-        sql.SQL("create publication {} for table {}{}").format(
-            sql.Identifier(name), sql.Identifier(table.schema, table.name), options
+    partitioned table); what was done: ``created``, ``in place``, or the table
+    added to it. A table dropped and created again under its name leaves the
+    publication (which holds tables, not names): its changes would no longer
+    be decoded, so it is added again (changes before that are not published:
+    the new table is snapshotted)."""
+    found = await (
+        await conn.execute(
+            "select p.pubviaroot, exists (select from pg_publication_rel r"
+            " where r.prpubid = p.oid and r.prrelid = %s) from pg_publication p where p.pubname = %s",
+            [table.oid, name],
         )
-    )
-    return True
+    ).fetchone()
+    if found is None:
+        options = sql.SQL(" with (publish_via_partition_root = true)") if table.partitioned else sql.SQL("")
+        await conn.execute(
+            sql.SQL("create publication {} for table {}{}").format(
+                sql.Identifier(name), sql.Identifier(table.schema, table.name), options
+            )
+        )
+        return "created"
+    via_root, holds = found
+    done = []
+    if bool(via_root) != table.partitioned:  # the table was made again, partitioned or not
+        await conn.execute(
+            sql.SQL("alter publication {} set (publish_via_partition_root = {})").format(
+                sql.Identifier(name), sql.Literal(table.partitioned)
+            )
+        )
+        done.append(f"publish_via_partition_root set to {str(table.partitioned).lower()}")
+    if not holds:
+        await conn.execute(
+            sql.SQL("alter publication {} add table {}").format(
+                sql.Identifier(name), sql.Identifier(table.schema, table.name)
+            )
+        )
+        done.append("the table added to it (it was not in it: dropped and created again?)")
+    return "in place" if not done else "in place, " + " and ".join(done)
 
 
 async def ensure_slot(conn: Connection, name: str) -> bool:
@@ -155,6 +182,33 @@ async def drop_publication(conn: Connection, name: str) -> bool:
         return False
     await conn.execute(sql.SQL("drop publication {}").format(sql.Identifier(name)))
     return True
+
+
+@dataclass(frozen=True)
+class OtherSlot:
+    """A cdc replication slot of this database that no table of a config uses."""
+
+    name: str
+    retained: int  # bytes of WAL it holds
+    active: bool  # a session reads it now
+    tables: str  # what its publication holds ("" when it has none)
+
+
+_OTHER_SLOTS = r"""
+select s.slot_name, coalesce(pg_wal_lsn_diff(pg_current_wal_insert_lsn(), s.restart_lsn), 0)::bigint, s.active,
+       coalesce((select string_agg(quote_ident(t.schemaname) || '.' || quote_ident(t.tablename), ', ')
+                   from pg_publication_tables t where t.pubname = s.slot_name), '')
+  from pg_replication_slots s
+ where s.database = current_database() and s.plugin = 'pgoutput' and s.slot_name like 'cdc\_%%'
+   and not s.slot_name = any(%s::text[])
+ order by 2 desc, 1
+"""
+
+
+async def other_slots(conn: Connection, ours: Sequence[str]) -> list[OtherSlot]:
+    """The cdc slots (``slot_name``'s shape, pgoutput) of this database but ``ours``."""
+    rows = await (await conn.execute(_OTHER_SLOTS, [list(ours)])).fetchall()
+    return [OtherSlot(str(n), int(r), bool(a), str(t)) for n, r, a, t in rows]
 
 
 # -- a read's window ---------------------------------------------------------------
@@ -255,45 +309,96 @@ async def peek(conn: Connection, name: str, upto_lsn: int, upto_changes: int | N
     return [bytes(row[0]) for row in await cursor.fetchall()]
 
 
-# -- a snapshot's version -------------------------------------------------------------
+# -- a view's version ---------------------------------------------------------------
 
-# Transactions that had written their commit record when the version was read
-# may not be visible yet (between the record and the end of the transaction:
-# the WAL flush, a synchronous standby's answer). The snapshot waits for them.
-# (backend_xid is a 32-bit xid, pg_snapshot_xip's are 64-bit: epoch and xid.)
-_STILL_RUNNING = """
-select count(*) from pg_snapshot_xip(%s::pg_snapshot) as x(xid)
- where x.xid in (select pg_snapshot_xip(pg_current_snapshot()))
-   and not exists (select from pg_stat_activity a
-                    where a.backend_xid::text = (x.xid::text::bigint %% 4294967296)::text
-                      and a.state in ('idle in transaction', 'idle in transaction (aborted)'))
+
+@dataclass(frozen=True)
+class ViewStart:
+    """What a view's version rests on: ``position`` (P), the WAL insert
+    position, then ``xid_bound`` (N), a transaction id assigned after it."""
+
+    position: int
+    xid_bound: int
+
+
+@dataclass(frozen=True)
+class Committing:
+    """A transaction a view waits for (``still_committing``)."""
+
+    xid: int
+    pid: int | None  # its backend; None for a prepared transaction
+    gid: str | None  # a prepared transaction's name
+
+    def __str__(self) -> str:
+        return (
+            f"prepared transaction {self.gid!r} (xid {self.xid})"
+            if self.gid
+            else f"pid {self.pid} (xid {self.xid})"
+        )
+
+
+async def view_start(conn: Connection) -> ViewStart:
+    """P, then N (autocommit: N's transaction ends before the view's snapshot
+    is taken, so that snapshot's xmax is above N).
+
+    N's transaction also makes P durable: it writes a transactional logical
+    message (no table, no privilege; pgoutput passes messages only to a reader
+    that asks for them, which ours does not) and commits with
+    ``synchronous_commit = local``, so its commit waits for the WAL to be
+    flushed up to its commit record, past P (a transaction that only takes an
+    xid writes no WAL before its commit, and such a commit never waits). A P
+    not flushed yet is no version: a crash that lost the WAL tail below it
+    rewinds the WAL, commits after the restart reuse positions at or below
+    ``v``, and the catch-up from ``v`` would skip them (a review reproduced it
+    with the WAL writer paused and an immediate stop). ``local``: a flush of
+    this server only, never a wait for a synchronous standby."""
+    position = await (await conn.execute("select (pg_current_wal_insert_lsn() - '0/0')::bigint")).fetchone()
+    async with conn.transaction():
+        await conn.execute("set local synchronous_commit = local")
+        await conn.execute("select pg_logical_emit_message(true, 'cdc-sync', 'view')")
+        bound = await (await conn.execute("select pg_current_xact_id()::text::bigint")).fetchone()
+    assert position is not None and bound is not None
+    return ViewStart(int(position[0]), int(bound[0]))
+
+
+# The transactions below N still running in this statement's snapshot (the
+# view's, when it is its transaction's first), but for those idle inside a
+# transaction block (their commit record is not written yet). backend_xid and
+# pg_prepared_xacts.transaction are 32-bit xids, pg_snapshot_xip's 64-bit.
+_STILL_COMMITTING = """
+select x.xid::text::bigint, a.pid, p.gid
+  from pg_snapshot_xip(pg_current_snapshot()) as x(xid)
+  left join pg_stat_activity a on a.backend_xid::text = (x.xid::text::bigint %% 4294967296)::text
+  left join pg_prepared_xacts p on p.transaction::text = (x.xid::text::bigint %% 4294967296)::text
+ where x.xid::text::bigint < %s
+   and a.state is distinct from 'idle in transaction' and a.state is distinct from 'idle in transaction (aborted)'
+ order by 1
 """
 
 
-async def position_before(conn: Connection) -> tuple[int, str]:
-    """The WAL insert position, then a snapshot taken after it (as text): two
-    statements, since a statement's snapshot is taken before its select list
-    runs."""
-    position = await (await conn.execute("select (pg_current_wal_insert_lsn() - '0/0')::bigint")).fetchone()
-    snapshot = await (await conn.execute("select pg_current_snapshot()::text")).fetchone()
-    assert position is not None and snapshot is not None
-    return int(position[0]), str(snapshot[0])
+async def still_committing(conn: Connection, start: ViewStart) -> list[Committing]:
+    """Inside the view's transaction (this statement fixes its snapshot when it
+    is the first): the transactions that may have written their commit record
+    below P and are not visible in the snapshot. None: every commit that starts
+    at or below the view's version ``v = P - 1`` is in the view.
 
+    Why. A commit record below P was written before P was read, so its
+    transaction had an xid then, below N (xids are assigned in order). N's
+    transaction ended before the snapshot, so the snapshot's xmax is above N,
+    and a transaction below N is either visible in it or in its running set
+    (``pg_snapshot_xip``: top-level xids, which are the ones that commit). So
+    once no transaction below N runs in the snapshot, but for sessions idle
+    inside a transaction block (read after P: their commit comes later, above
+    P), every commit below P is visible. A later commit starts at or above P,
+    and the catch-up from ``v`` applies it (again, if the view had it already:
+    with a higher version, harmless).
 
-async def all_visible(conn: Connection, before: str) -> bool:
-    """Inside the snapshot's transaction (this statement fixes its snapshot
-    when it is the first): whether none of ``before``'s running transactions
-    may still be committing.
-
-    The snapshot's version ``v`` is the position ``position_before`` read,
-    minus one. A commit record below that position was written before
-    ``before`` was taken, so its transaction had ended then or is in
-    ``before``'s running set; once none of those runs in the transaction's
-    snapshot any more (one idle inside a transaction block cannot be
-    committing), every commit that starts at or below ``v`` is visible in it.
-    A later commit starts above ``v``, and the catch-up from ``v`` applies it
-    (again, if the snapshot had it already: with a higher version, harmless).
+    The old check (0.5.0) waited only for the running set of a snapshot
+    taken after P, whose xmax can be below a committing transaction's xid (no
+    later xid had completed yet): such a transaction, held between its commit
+    record and its end (a WAL flush, a synchronous standby), was neither waited
+    for nor visible, and lost (tests/cdc/sources/test_logical_views.py).
     ``v`` is not the slot's confirmed position: that one may lie before a
     TRUNCATE the snapshot follows, which the catch-up would meet again."""
-    row = await (await conn.execute(_STILL_RUNNING, [before])).fetchone()
-    return row is not None and int(row[0]) == 0
+    rows = await (await conn.execute(_STILL_COMMITTING, [start.xid_bound])).fetchall()
+    return [Committing(int(xid), pid, gid) for xid, pid, gid in rows]

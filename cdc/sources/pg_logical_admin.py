@@ -56,8 +56,9 @@ async def _publish(conn: Connection, name: str, table_config: TableConfig) -> st
         raise await pg_catalog.missing_table(conn, table_config.schema, table_config.name)
     pg_shape.table_info(table_config, found, "")  # a primary key, and columns that can be published
     await pg_logical.check_replica_identity(conn, table_config.table, found)
-    made = await pg_logical.ensure_publication(conn, name, found)
-    return f"{table_config.table}: publication {name} {'created' if made else 'in place'}"
+    return (
+        f"{table_config.table}: publication {name} {await pg_logical.ensure_publication(conn, name, found)}"
+    )
 
 
 async def disable(sessions: Sessions, slot: SlotName, tables: Sequence[TableConfig]) -> list[str]:
@@ -70,8 +71,10 @@ async def disable(sessions: Sessions, slot: SlotName, tables: Sequence[TableConf
                 dropped = [
                     what
                     for what, did in (
-                        ("replication slot", await pg_logical.drop_slot(conn, name)),
+                        # The publication first: a running sidecar recreates a
+                        # dropped slot while its publication still exists.
                         ("publication", await pg_logical.drop_publication(conn, name)),
+                        ("replication slot", await pg_logical.drop_slot(conn, name)),
                     )
                     if did
                 ]
@@ -158,7 +161,39 @@ async def doctor(sessions: Sessions, slot: SlotName, tables: Sequence[TableConfi
         for t in tables:
             found = await pg_logical.window(conn, slot(t.table, conn.info.dbname), t.schema, t.name)
             findings.append(_table_finding(t.table, found))
+        for other in await pg_logical.other_slots(conn, [slot(t.table, conn.info.dbname) for t in tables]):
+            findings.append(
+                Finding(
+                    "warning",
+                    f"slot {other.name}",
+                    other_slot_text(other),
+                    {"retained_wal_bytes": other.retained},
+                )
+            )
     return findings
+
+
+async def other_slots(sessions: Sessions, slot: SlotName, tables: Sequence[TableConfig]) -> list[str]:
+    """``cdc tracking status``'s lines for the cdc slots of this database that no
+    table of ``tables`` (the whole config) uses in this deployment."""
+    async with sessions.reading("list replication slots", transaction=False) as conn:
+        found = await pg_logical.other_slots(conn, [slot(t.table, conn.info.dbname) for t in tables])
+    return [f"OTHER    slot {o.name}  {other_slot_text(o)}" for o in found]
+
+
+def other_slot_text(other: pg_logical.OtherSlot) -> str:
+    """Never dropped here: the slot may be another deployment's (another
+    namespace or Redis server sharing the database), live. A slot name hashes
+    the deployment, so one changed (redis.url, redis.namespace) leaves the
+    old slots behind, each keeping WAL."""
+    published = f"publishes {other.tables}" if other.tables else "has no publication"
+    reading = "a session reads it now" if other.active else "no session reads it"
+    return (
+        f"belongs to no table of this config in this deployment (redis.url and redis.namespace); it {published},"
+        f" {reading}, and holds {other.retained / 2**20:.1f} MiB of WAL. Left behind by a changed redis.url or"
+        " namespace, or a table removed without cdc tracking disable? If no other deployment uses it, drop it:"
+        f" SELECT pg_drop_replication_slot('{other.name}'); DROP PUBLICATION IF EXISTS {other.name};"
+    )
 
 
 def _table_finding(table: str, found: pg_logical.Window) -> Finding:

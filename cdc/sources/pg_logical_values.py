@@ -72,7 +72,9 @@ class TupleLoaders:
                 )
             if not wanted.issubset(relation.columns):
                 raise TableChanged(f"{info.table}: the table changed while it was read: describing it again")
-            loaders = self._loaders[(relation.relid, relation.type_oids)]
+            loaders = self._loaders.get((relation.relid, relation.type_oids))
+            if loaders is None:  # not prepared for this read: never a KeyError on every retry
+                raise TableChanged(f"{info.table}: the table changed while it was read: describing it again")
             row: dict[str, Any] = {}
             for column, load, value in zip(relation.columns, loaders, values, strict=True):
                 if column in wanted:

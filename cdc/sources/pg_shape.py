@@ -48,6 +48,13 @@ log = logging.getLogger("cdc.sources.postgres")
 # Parameters: schemas, names (text arrays, one entry per table), the tracking
 # schema, the trigger names. One row per table, in the order given; the
 # fingerprint is NULL where there is no such table.
+#
+# A partitioned table's fingerprint holds its partitions (every level) with
+# their relfilenode: a TRUNCATE, DETACH or DROP of one partition, or an
+# ATTACH, fires no trigger of the table and pgoutput sends nothing for it, so
+# the fingerprint moving (a TRUNCATE gives the partition a new relfilenode) is
+# what re-snapshots the table. A VACUUM FULL or CLUSTER of a partition moves it
+# too: one snapshot more. An ordinary table's fingerprint has no such part.
 _FINGERPRINTS = """
 with wanted as (
     select t.ord, c.oid, c.relkind, t.schema_name || '.' || t.table_name as qualified
@@ -73,7 +80,9 @@ select case when w.oid is not null then concat_ws(' | ',
     'triggers ' || (
         select string_agg(format('%%I %%s', g.name, coalesce(tg.tgenabled::text, 'missing')), ', ' order by g.ord)
           from unnest(%(triggers)s::text[]) with ordinality as g(name, ord)
-          left join pg_trigger tg on tg.tgrelid = w.oid and tg.tgname = g.name)
+          left join pg_trigger tg on tg.tgrelid = w.oid and tg.tgname = g.name),
+    (select 'partitions ' || string_agg(t.relid::oid::text || ' ' || c.relfilenode::text, ', ' order by t.relid::oid)
+       from pg_partition_tree(w.oid) t join pg_class c on c.oid = t.relid where t.level > 0)
 ) end
 from wanted w order by w.ord
 """

@@ -75,6 +75,15 @@ from cdc.sources.postgres import PostgresSource
 DECODE_CHANGES = 20_000
 
 
+# Per table: whether its publication holds it (a re-created table is in none).
+_PUBLISHED = """
+select exists (select from pg_publication_tables p where p.pubname = n.name
+                and p.schemaname = n.schema_name and p.tablename = n.table_name)
+  from unnest(%s::text[], %s::text[], %s::text[]) with ordinality as n(name, schema_name, table_name, ord)
+ order by n.ord
+"""
+
+
 @dataclass
 class _Held:
     """The rest of a read (``read_changes`` pages from memory)."""
@@ -119,17 +128,12 @@ class PostgresLogicalSource(PostgresSource):
     async def _published_fingerprints(
         self, conn: Connection, tables: Sequence[TableConfig]
     ) -> list[str | None]:
-        """The shape (``pg_shape``) and whether the table's publication holds it."""
+        """The shape (``pg_shape``, a partitioned table's partitions with it)
+        and whether the table's publication holds it."""
         found = await pg_shape.fingerprints(conn, self._schema, tables)
         names = [self.slot(t.table, conn.info.dbname) for t in tables]
         published = await (
-            await conn.execute(
-                "select exists (select from pg_publication_tables p where p.pubname = n.name"
-                " and p.schemaname = n.schema_name and p.tablename = n.table_name)"
-                " from unnest(%s::text[], %s::text[], %s::text[]) with ordinality"
-                " as n(name, schema_name, table_name, ord) order by n.ord",
-                [names, [t.schema for t in tables], [t.name for t in tables]],
-            )
+            await conn.execute(_PUBLISHED, [names, [t.schema for t in tables], [t.name for t in tables]])
         ).fetchall()
         return [
             None if f is None else f"{f} | publication {p[0]}" for f, p in zip(found, published, strict=True)
@@ -190,9 +194,11 @@ class PostgresLogicalSource(PostgresSource):
         target = min(self._stored.get(info.table, -1), since)
         if target > found.slot.confirmed:
             await pg_logical.advance(conn, name, target)
-        decoded, relations, bound = await self._peek(conn, name, since, found.flush, upto)
+        decoded, bound = await self._peek(conn, name, since, found.flush, upto)
         bound = max(since, bound)
-        await self._loaders.prepare(conn, relations.values())
+        # every shape of the read: a column added and dropped within it leaves
+        # changes of a shape that is no longer the table's last
+        await self._loaders.prepare(conn, {c.relation for t in decoded for c in t.changes if c.relation})
         net = NetChanges(info.primary_key, self._loaders.decoder(info))
         for transaction in decoded:
             if not since < transaction.commit_lsn <= bound:
@@ -209,7 +215,7 @@ class PostgresLogicalSource(PostgresSource):
 
     async def _peek(
         self, conn: Connection, name: str, since: int, flush: int, upto: int | None
-    ) -> tuple[list[Transaction], dict[int, Relation], int]:
+    ) -> tuple[list[Transaction], int]:
         """The slot's transactions and the read's bound: up to ``upto`` when a
         paged read goes on, else those committing below ``flush``, at most
         ``DECODE_CHANGES`` messages (whole transactions, so the bound is then
@@ -224,11 +230,11 @@ class PostgresLogicalSource(PostgresSource):
             self.decoded += len(messages)
             decoded = list(transactions(iter(messages), relations))
             if upto is not None:
-                return decoded, relations, upto
+                return decoded, upto
             if len(messages) < cap or not decoded:
-                return decoded, relations, flush - 1
+                return decoded, flush - 1
             if decoded[-1].commit_lsn > since:
-                return decoded, relations, decoded[-1].commit_lsn
+                return decoded, decoded[-1].commit_lsn
             cap *= 4
 
     async def _rows(self, conn: Connection, info: TableInfo, net: NetChanges) -> list[ChangeRow]:
@@ -327,6 +333,10 @@ class PostgresLogicalSource(PostgresSource):
 
     async def tracking_status(self, tables: Sequence[TableConfig]) -> list[TrackingStatus]:
         return await pg_logical_admin.status(self._sessions, self.slot, tables)
+
+    async def other_slots(self, tables: Sequence[TableConfig]) -> list[str]:
+        """The cdc slots of the database that none of ``tables`` (a whole config) uses."""
+        return await pg_logical_admin.other_slots(self._sessions, self.slot, tables)
 
     async def grant_runtime(self, tables: Sequence[TableConfig], role: str) -> list[str]:
         return await pg_logical_admin.grant(self._sessions, tables, role)

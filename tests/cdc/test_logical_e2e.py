@@ -13,6 +13,7 @@ again loses nothing; ``cdc tracking disable`` drops the slots (their WAL).
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import signal
 import subprocess
@@ -35,6 +36,7 @@ from tests.e2e import (
     assert_seq_gap_free,
     cdc,
     create_tables,
+    enable_tracking,
     make_config,
     wait_for,
     write_config,
@@ -231,3 +233,74 @@ async def test_enable_refuses_wal_level_replica(
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         publications = await (await conn.execute("select count(*) from pg_publication")).fetchone()
     assert publications == (0,), "nothing is made when the server cannot decode"
+
+
+async def test_column_changes_within_one_read_are_mirrored_with_the_sidecar_running(
+    postgres_dsn: str,
+    redis_url: str,
+    pg_schema: str,
+    namespace: str,
+    redis_client: aioredis.Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """ADD and DROP COLUMN between the writes of one transaction (so of one
+    read): every change is decoded with its own shape, and the table is
+    described again for the new one; never a read that fails on every retry."""
+    config = make_config(pg_schema, postgres_dsn, redis_url, namespace, capture="logical")
+    await create_tables(postgres_dsn, pg_schema)
+    await enable_tracking(config)
+    items = f"{pg_schema}.items"
+    await _execute(postgres_dsn, f"insert into {items} (id, name, qty) values (1, 'one', 1)")
+    daemon = Daemon(config)
+    run = asyncio.create_task(daemon.run())
+    try:
+        await assert_mirrored(postgres_dsn, pg_schema, redis_client, namespace)
+        async with await psycopg.AsyncConnection.connect(postgres_dsn) as conn:
+            await conn.execute(f"insert into {items} (id, name, qty) values (10, 'ten', 10)")
+            await conn.execute(f"alter table {items} add column extra int")
+            await conn.execute(f"insert into {items} (id, name, qty, extra) values (11, 'eleven', 11, 5)")
+            await conn.execute(f"alter table {items} drop column extra")
+            await conn.execute(f"update {items} set qty = 2 where id = 1")
+        await assert_mirrored(postgres_dsn, pg_schema, redis_client, namespace, timeout=15)
+        degraded = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert degraded == [], "a read of the transaction failed"
+        await _execute(
+            postgres_dsn,
+            f"alter table {items} add column kept int default 7",
+            f"insert into {items} (id, name, qty, kept) values (12, 'twelve', 12, 8)",
+        )
+        await assert_mirrored(postgres_dsn, pg_schema, redis_client, namespace)
+    finally:
+        daemon.request_stop()
+        await asyncio.wait_for(run, 30)
+
+
+async def test_slots_left_by_a_changed_namespace_are_listed_never_dropped(
+    postgres_dsn: str, redis_url: str, pg_schema: str, tmp_path: Path
+) -> None:
+    """A slot's name hashes the deployment: after a change of redis.namespace,
+    ``cdc tracking status`` and ``cdc doctor`` name the old slots, the WAL they
+    hold and how to drop them; neither drops them."""
+    await create_tables(postgres_dsn, pg_schema)
+    (tmp_path / "old").mkdir()
+    old = _config_path(tmp_path / "old", pg_schema, postgres_dsn, redis_url, "t" + uuid.uuid4().hex[:10])
+    assert cdc("tracking", "enable", "-c", str(old)).returncode == 0
+    left = await _slots(postgres_dsn, pg_schema)
+    assert len(left) == 2
+    new = _config_path(tmp_path, pg_schema, postgres_dsn, redis_url, "t" + uuid.uuid4().hex[:10])
+    try:
+        status = cdc("tracking", "status", "-c", str(new))
+        doctor = cdc("doctor", "-c", str(new))
+
+        assert status.returncode == 1, "the new deployment's tables are not tracked yet"
+        for slot in left:
+            [line] = [x for x in status.stdout.splitlines() if f"slot {slot} " in x]
+            assert "MiB of WAL" in line and f"pg_drop_replication_slot('{slot}')" in line
+            assert f"slot {slot}" in doctor.stdout
+        assert await _slots(postgres_dsn, pg_schema) == left, "listed, never dropped"
+        mine = cdc("tracking", "status", "-c", str(old))
+        assert not any(f"slot {slot} " in mine.stdout for slot in left), (
+            "a deployment's own slots are not listed"
+        )
+    finally:
+        assert cdc("tracking", "disable", "-c", str(old)).returncode == 0

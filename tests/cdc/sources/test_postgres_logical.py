@@ -132,7 +132,7 @@ async def test_disable_drops_the_slot_and_reads_then_say_not_enabled(harness: Po
 
     done = await source.tracking_disable([table_config])
 
-    assert "replication slot and publication" in done[0]
+    assert "publication and replication slot" in done[0]
     with pytest.raises(TrackingNotEnabled):
         await source.read_changes(info, since, limit=10)
     with pytest.raises(TrackingNotEnabled):
