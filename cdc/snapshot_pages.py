@@ -11,12 +11,13 @@ path does.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from cdc.errors import PoisonChange
 from cdc.mapping import TableMapper
+from cdc.sources.base import ENCODED_ODD as ODD
 from cdc.sources.base import ENCODED_SEPARATOR as SEPARATOR
 from cdc.sources.base import SnapshotPage
 from cdc.values import SHORTCUTS, encode_value
@@ -56,11 +57,13 @@ async def map_page_in_steps(page: SnapshotPage, mapper: TableMapper) -> MappedPa
 @dataclass(frozen=True)
 class _Layout:
     """Where a record's parts are: ``width`` key values, then the source's
-    JSON text of ``encoded`` (one string), then one value per ``plain`` column."""
+    JSON text of ``encoded`` (one string), then one value per ``plain`` column;
+    ``loaders`` load an encoded column's ``ODD`` text (``SnapshotPage.loaders``)."""
 
     width: int
     encoded: tuple[str, ...]
     plain: Sequence[str]
+    loaders: Sequence[tuple[int, str, Callable[[str], Any]]] = ()  # (index in encoded, column, loader)
 
 
 def _start(page: SnapshotPage, mapper: TableMapper) -> tuple[MappedPage, Sequence[Sequence[Any]], _Layout]:
@@ -73,7 +76,8 @@ def _start(page: SnapshotPage, mapper: TableMapper) -> tuple[MappedPage, Sequenc
         layout = _Layout(len(keys), (), plain)
     else:
         records = page.records
-        layout = _Layout(len(keys), page.encoded_columns, page.plain_columns)
+        loaders = [(i, c, page.loaders[c]) for i, c in enumerate(page.encoded_columns) if c in page.loaders]
+        layout = _Layout(len(keys), page.encoded_columns, page.plain_columns, loaders)
     return MappedPage(PageRows((*layout.encoded, *layout.plain))), records, layout
 
 
@@ -85,27 +89,43 @@ def _map_records(
     render_key = mapper.key_template.render
     limit, names_size = mapper.max_row_bytes, mapper.names_size
     add = mapped.rows.add
-    key: dict[str, Any] = {}
     for record in records:
-        key = dict(zip(keys, record[:width], strict=True))
         text = record[width]
         try:
             values: list[Any] = text.split(SEPARATOR) if encoded else []
             size = names_size + len(text)
+            if ODD in text:
+                _load_odd(values, layout)
+                size = limit  # measured below
             for column, value in zip(plain, record[width + 1 :], strict=True):
                 encoded_value = _encode(value, column)
                 values.append(encoded_value)
                 size += len(encoded_value)
             if size > limit // 4:  # str lengths count characters: measure bytes when it may matter
-                _check_size(values, names_size, limit, mapper, key)
+                _check_size(values, names_size, limit, mapper, record[:width])
+            key = _key(keys, record)
+            partition, data_key = render_partition(key), render_key(key)
         except PoisonChange as exc:
-            mapped.poisoned.append((key, str(exc)))
+            mapped.poisoned.append((_key(keys, record), str(exc)))
             continue
-        partition, data_key = render_partition(key), render_key(key)
         if not partition or not data_key:  # what the apply path refuses too (publishers.apply)
-            mapped.poisoned.append((key, "empty partition value" if not partition else "empty data key"))
+            reason = "empty partition value" if not partition else "empty data key"
+            mapped.poisoned.append((_key(keys, record), reason))
             continue
         add(partition, data_key, values)
+
+
+def _key(keys: Sequence[str], record: Sequence[Any]) -> dict[str, Any]:
+    return dict(zip(keys, record[: len(keys)], strict=True))
+
+
+def _load_odd(values: list[Any], layout: _Layout) -> None:
+    """Replace each ``ODD`` text of ``values`` by the JSON text of the value
+    it loads to, as the plain path writes it (``PoisonChange`` included)."""
+    for index, column, load in layout.loaders:
+        text = values[index]
+        if text.startswith(ODD):
+            values[index] = _encode(load(text[1:]), column)
 
 
 def _encode(value: Any, column: str) -> bytes:
@@ -115,10 +135,9 @@ def _encode(value: Any, column: str) -> bytes:
 
 
 def _check_size(
-    values: list[Any], names_size: int, limit: int, mapper: TableMapper, key: dict[str, Any]
+    values: list[Any], names_size: int, limit: int, mapper: TableMapper, key: Sequence[Any]
 ) -> None:
     size = names_size + sum(len(v.encode()) if isinstance(v, str) else len(v) for v in values)
     if size > limit:
-        raise PoisonChange(
-            f"row {mapper.describe_key(key)} is {size} bytes encoded, over max_row_bytes={limit}"
-        )
+        described = mapper.describe_key(_key(mapper.info.primary_key, key))
+        raise PoisonChange(f"row {described} is {size} bytes encoded, over max_row_bytes={limit}")

@@ -30,7 +30,7 @@ Values are native Python (Decimal, datetime, bytes, UUID, dict...);
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -41,6 +41,7 @@ Op = Literal["I", "U", "D"]
 # Between the JSON texts of a row's columns in ``SnapshotPage.encoded``: JSON
 # text never holds U+0001 raw (a string escapes every control character).
 ENCODED_SEPARATOR = "\x01"
+ENCODED_ODD = "\x02"  # starts an encoded column's text that is the source's text of a value to load
 Cursor = tuple[int, tuple[Any, ...]]  # (version, primary-key values) of the last row read
 
 
@@ -159,6 +160,10 @@ class SnapshotPage:
     encoded_columns: tuple[str, ...] = ()
     plain_columns: tuple[str, ...] = ()
     records: list[tuple[Any, ...]] | None = None
+    # An encoded column's text may instead be ``ENCODED_ODD`` and the source's
+    # text of the value (one the server does not spell as ``cdc.values`` does):
+    # ``loaders[column]`` loads that text into the value a row would hold.
+    loaders: Mapping[str, Callable[[str], Any]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         """The page's rows."""
