@@ -20,6 +20,7 @@ from cdc.mapping import TableMapper
 from cdc.sources.base import ENCODED_ODD as ODD
 from cdc.sources.base import ENCODED_SEPARATOR as SEPARATOR
 from cdc.sources.base import SnapshotPage
+from cdc.templates import Template, render_key_value
 from cdc.values import SHORTCUTS, encode_value
 from publishers.bulk import PageRows
 
@@ -85,8 +86,8 @@ def _map_records(
     mapped: MappedPage, records: Sequence[Sequence[Any]], layout: _Layout, mapper: TableMapper
 ) -> None:
     keys, width, encoded, plain = mapper.info.primary_key, layout.width, layout.encoded, layout.plain
-    render_partition = mapper.config.partition.render
-    render_key = mapper.key_template.render
+    render_partition = _renderer(mapper.config.partition, keys)
+    render_key = _renderer(mapper.key_template, keys)
     limit, names_size = mapper.max_row_bytes, mapper.names_size
     add = mapped.rows.add
     for record in records:
@@ -103,8 +104,7 @@ def _map_records(
                 size += len(encoded_value)
             if size > limit // 4:  # str lengths count characters: measure bytes when it may matter
                 _check_size(values, names_size, limit, mapper, record[:width])
-            key = _key(keys, record)
-            partition, data_key = render_partition(key), render_key(key)
+            partition, data_key = render_partition(record), render_key(record)
         except PoisonChange as exc:
             mapped.poisoned.append((_key(keys, record), str(exc)))
             continue
@@ -117,6 +117,24 @@ def _map_records(
 
 def _key(keys: Sequence[str], record: Sequence[Any]) -> dict[str, Any]:
     return dict(zip(keys, record[: len(keys)], strict=True))
+
+
+def _renderer(template: Template, keys: Sequence[str]) -> Callable[[Sequence[Any]], str]:
+    """``template.render`` of a record's key, without a dict per row where the
+    template names at most one column (a dict and the render cost ~0.7 µs a
+    row: the sidecar's snapshot CPU 8.7 -> 6.9 µs a row, py-spy, 300,000 rows).
+    One column is never percent-encoded (``Template.encodes_values``)."""
+    columns = template.columns
+    if not columns:
+        text = template.render({})
+        return lambda record: text
+    if len(columns) == 1:
+        index = keys.index(columns[0])
+        at = next(i for i, (is_column, _) in enumerate(template.parts) if is_column)
+        before = "".join(text for _, text in template.parts[:at])
+        after = "".join(text for _, text in template.parts[at + 1 :])
+        return lambda record: before + render_key_value(record[index]) + after
+    return lambda record: template.render(_key(keys, record))
 
 
 def _load_odd(values: list[Any], layout: _Layout) -> None:
