@@ -98,10 +98,11 @@ def _map_records(
             if ODD in text:
                 _load_odd(values, layout)
                 size = limit  # measured below
-            for column, value in zip(plain, record[width + 1 :], strict=True):
-                encoded_value = _encode(value, column)
-                values.append(encoded_value)
-                size += len(encoded_value)
+            if plain:  # (none in a table whose every column the server writes: skip the slice and zip)
+                for column, value in zip(plain, record[width + 1 :], strict=True):
+                    encoded_value = _encode(value, column)
+                    values.append(encoded_value)
+                    size += len(encoded_value)
             if size > limit // 4:  # str lengths count characters: measure bytes when it may matter
                 _check_size(values, names_size, limit, mapper, record[:width])
             partition, data_key = render_partition(record), render_key(record)
