@@ -54,8 +54,8 @@ class Column:
 
 @dataclass(frozen=True)
 class EncodedColumns:
-    """Columns whose JSON text a source wrote itself (``read_changes(...,
-    encoded=True)``): a row's ``text`` is their texts joined by
+    """Columns whose JSON text a source wrote itself (a read of changes
+    with ``pg_read_encoded``): a row's ``text`` is their texts joined by
     ``ENCODED_SEPARATOR``, in the order of ``names``; a text that starts with
     ``ENCODED_ODD`` is instead the source's text of a value, which
     ``loaders[column]`` loads into the value the row would hold. The row's
@@ -96,7 +96,7 @@ class ChangeRow:
 
     - ``key``: primary-key column -> value (always present, deletes too)
     - ``values``: published column -> value; None when the row is gone
-    - ``text`` and ``encoded`` (a read with ``encoded=True``): the JSON text
+    - ``text`` and ``encoded`` (a read whose JSON text the source wrote): the JSON text
       of the ``encoded`` columns as the source wrote it (``EncodedColumns``);
       ``values`` then holds the other columns
     - ``changed_columns``: for an update, the published columns changed after

@@ -1,5 +1,7 @@
 """Change reads with PostgreSQL writing the JSON text of most columns, as a
-snapshot's pages do (``pg_snapshot``): ``read_changes(..., encoded=True)``.
+snapshot's pages do (``pg_snapshot``): ``read_changes`` once the source's
+``encoded_reads`` are on (the tracker's ``RowFeeder`` turns them on; a plain
+read, the default and the contract tests', returns every column as a value).
 
 Why: loading a changed row's ten values in psycopg and encoding them in
 Python (``cdc.values``) cost the sidecar ~6 µs a change of the bench tables,
