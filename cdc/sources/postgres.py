@@ -82,6 +82,7 @@ from cdc.sources.base import (
 )
 from cdc.sources.pg_catalog import Connection
 from cdc.sources.pg_listen import NotificationListener, QuietReads, ReadStart
+from cdc.sources.pg_read_encoded import EncodedRead, EncodedReads
 from cdc.sources.pg_reads import HeldRead
 from cdc.sources.pg_sessions import Sessions
 
@@ -101,6 +102,7 @@ class PostgresSource:
         self._held = self._sessions.held  # table -> the rest of a paged read
         self._paged: set[str] = set()  # tables whose last read took more than one page
         self._whole_reads: dict[TableInfo, bytes] = {}  # whole_read_query, composed once per table
+        self.encoded_reads = EncodedReads()  # reads whose JSON text the server writes, once on
         self._partitioned: set[str] = set()  # tables described as partitioned (relkind 'p')
         self._described: dict[str, TableInfo] = {}  # table -> what describe last returned
         self._listener = NotificationListener(self._sessions.open, channel=config.tracking_schema)
@@ -147,6 +149,7 @@ class PostgresSource:
         before = self._described.get(info.table)
         self._described[info.table] = info
         self._whole_reads = {i: q for i, q in self._whole_reads.items() if i.table != info.table or i == info}
+        self.encoded_reads.forget(info)
         if before is not None and before != info:
             async with self._sessions.lock:
                 await self._sessions.drop_reader()
@@ -191,7 +194,8 @@ class PostgresSource:
             else:
                 if held is not None:
                     await held.close()  # the caller gave up that read
-                page, held = await self._new_read(conn, info, since, limit, upto, after, start)
+                encoded = await self.encoded_reads.get(conn, info)
+                page, held = await self._new_read(conn, info, since, limit, upto, after, start, encoded)
             if held is not None and page.more:
                 self._held[info.table] = held
             elif held is not None:
@@ -207,12 +211,14 @@ class PostgresSource:
         upto: int | None,
         after: Cursor | None,
         start: ReadStart | None,
+        encoded: EncodedRead | None = None,
     ) -> tuple[ChangePage, HeldRead | None]:
         """The first page: in one statement when the read may fit one, else in a transaction."""
         whole = None
+        ordinary = self._ordinary(info)
         if upto is None and after is None and info.table not in self._paged:
             whole = await pg_reads.whole_read(
-                conn, self._schema, info, since, limit, self._whole_reads, ordinary=self._ordinary(info)
+                conn, self._schema, info, since, limit, self._whole_reads, ordinary=ordinary, encoded=encoded
             )
         if whole is not None:
             page, complete = whole
@@ -220,7 +226,7 @@ class PostgresSource:
                 self._quiet.settle(info.table, start, page.next_version)
             return page, None
         page, held = await pg_reads.first_page(
-            conn, self._schema, info, since, limit, upto, after, ordinary=self._ordinary(info)
+            conn, self._schema, info, since, limit, upto, after, ordinary=ordinary, encoded=encoded
         )
         (self._paged.add if page.more else self._paged.discard)(info.table)
         return page, held
@@ -295,23 +301,7 @@ class PostgresSource:
 
     async def tracking_enable(self, tables: Sequence[TableConfig]) -> list[str]:
         async with self._sessions.administering("enable change tracking") as conn:
-            await pg_tracking.lock_schema(conn, self._schema)
-            refused = await pg_grants.not_owned(conn, tables)
-            if refused:  # all of them at once, before anything is installed
-                role = await pg_grants.current_role(conn)
-                raise SourceError(pg_grants.ownership_error(role, refused))
-            await pg_tracking.install_schema(conn, self._schema)
-            done = []
-            for table_config in tables:
-                found = await pg_catalog.find_table(conn, table_config.schema, table_config.name)
-                if found is None:
-                    renamed = await pg_status.renamed_to(conn, self._schema, table_config.table)
-                    raise await pg_catalog.missing_table(
-                        conn, table_config.schema, table_config.name, renamed
-                    )
-                pg_types.check_published(table_config, found)  # raising rolls back all of it
-                done.append(await pg_tracking.enable_table(conn, self._schema, found))
-        return done
+            return await _enable_tracking(conn, self._schema, tables)
 
     async def grant_runtime(self, tables: Sequence[TableConfig], role: str) -> list[str]:
         """Grant ``role`` what ``cdc run`` needs on ``tables``, now and for what
@@ -339,3 +329,23 @@ class PostgresSource:
             return await pg_doctor.doctor(
                 conn, self._schema, tables, cleanup=self._config.cleanup_interval > 0
             )
+
+
+async def _enable_tracking(conn: Connection, schema: str, tables: Sequence[TableConfig]) -> list[str]:
+    """``tracking enable`` in one transaction: every table's ownership checked
+    before anything is installed, any refusal rolling back all of it."""
+    await pg_tracking.lock_schema(conn, schema)
+    refused = await pg_grants.not_owned(conn, tables)
+    if refused:  # all of them at once, before anything is installed
+        role = await pg_grants.current_role(conn)
+        raise SourceError(pg_grants.ownership_error(role, refused))
+    await pg_tracking.install_schema(conn, schema)
+    done = []
+    for table_config in tables:
+        found = await pg_catalog.find_table(conn, table_config.schema, table_config.name)
+        if found is None:
+            renamed = await pg_status.renamed_to(conn, schema, table_config.table)
+            raise await pg_catalog.missing_table(conn, table_config.schema, table_config.name, renamed)
+        pg_types.check_published(table_config, found)  # raising rolls back all of it
+        done.append(await pg_tracking.enable_table(conn, schema, found))
+    return done

@@ -168,3 +168,26 @@ def test_a_stray_brace_anywhere_is_unbalanced(before: str, after: str) -> None:
             Template.parse(f"{before}{{Id}}{brace}{after}")
         with pytest.raises(ValueError, match="unbalanced braces"):
             Template.parse(f"{before}{brace}{{Id}}{after}")
+
+
+KEY_VALUES = st.one_of(
+    st.integers(),
+    st.text(),
+    st.binary(max_size=8),
+    st.booleans(),
+    st.dates(),
+    st.uuids(),
+    st.decimals(allow_nan=False, allow_infinity=False),
+)
+
+
+@pytest.mark.parametrize(
+    "source", ["app1", "{a}", "r{a}", "{b}-x", "p{b}q", "{a}:{b}", "{a}/{b}", "a%{a}", "{b}.{a}", "x{a}y{b}z"]
+)
+@given(a=KEY_VALUES, b=KEY_VALUES)
+def test_a_snapshot_renders_a_records_key_as_the_template_does(source: str, a: object, b: object) -> None:
+    """The snapshot's renderer from a record (``cdc.snapshot_pages``), without a dict per row."""
+    from cdc.snapshot_pages import _renderer
+
+    template = Template.parse(source)
+    assert _renderer(template, ("a", "b"))((a, b, "the row's text")) == template.render({"a": a, "b": b})
