@@ -182,12 +182,16 @@ class Balancer:
                 extra={"failover": changed},
             )
             return
+        # the tables whose lease the failover took (their tracker still
+        # unwinding: taken again next round) are repaired too: their stored
+        # checkpoint may be ahead of documents the failover lost
+        repaired = [t for t in self.trackers if t.table in self.running or t.table in self.stopping]
         log.error(
             "Redis failed over to a new primary, which may lack the old one's last writes: "
             "re-snapshotting every table this sidecar owns",
-            extra={"failover": changed, "tables": len(self.owned())},
+            extra={"failover": changed, "tables": len(repaired)},
         )
-        for tracker in self.owned():
+        for tracker in repaired:
             tracker.loader.resumes.distrust()  # a snapshot under way starts over
             tracker.request_snapshot("Redis failed over")
 

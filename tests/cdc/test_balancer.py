@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 
 import pytest
 import redis.asyncio as aioredis
@@ -204,6 +205,48 @@ async def test_a_table_whose_lease_was_lost_is_taken_again_only_once_its_tracker
         await balancer.round()
         assert "s.a" in balancer.running, "not taken again once its run ended"
         assert tracker.most_runs == 1, "two runs of one tracker at once"
+    finally:
+        tracker.unwound.set()
+        await balancer.stop_trackers()
+
+
+class StandInFailoverWatch:
+    """A failover without redis.durability, seen at the next check (the real
+    watches need Sentinel or a Cluster: tests/cdc/test_failover.py and
+    test_cluster_failover.py)."""
+
+    repair_needed = True
+
+    def __init__(self) -> None:
+        self.pending = True
+
+    async def check(self) -> str | None:
+        seen, self.pending = self.pending, False
+        return "a new primary" if seen else None
+
+
+class Resumes:
+    def distrust(self) -> None:
+        pass
+
+
+async def test_a_failover_repairs_a_table_whose_lease_it_took(manager: DataManager) -> None:
+    """The failover took the lease with the failed node: the tracker is
+    cancelled and still unwinding when the failover is seen. It must be
+    repaired too, or, taken again from its stored checkpoint (which may be
+    ahead of the documents the failover lost), it would never be."""
+    balancer = await make_balancer(manager, "w", tables=["s.a"])
+    tracker = SlowToStopTracker("s.a")
+    tracker.loader = SimpleNamespace(resumes=Resumes())  # type: ignore[attr-defined]
+    balancer.pipeline.trackers[:] = [tracker]  # type: ignore[index]
+    try:
+        await balancer.round()
+        await manager.client.delete(manager.layout.lease("s.a"))  # lost with the failed node
+        await balancer.round()
+        assert "s.a" in balancer.stopping
+        balancer._failover = StandInFailoverWatch()  # type: ignore[assignment]
+        await balancer.round()
+        assert tracker.snapshot_requests == ["Redis failed over"]
     finally:
         tracker.unwound.set()
         await balancer.stop_trackers()
