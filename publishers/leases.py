@@ -35,9 +35,10 @@ class Leases:
         """Take the table's lease (or keep ours); its fencing token, or None if
         another sidecar holds it."""
         layout = self.manager.layout
-        # A counter that is gone (Redis restarted empty) restarts from the
-        # clock in ms, not from 0: tokens keep growing across a wipe, so a
-        # sidecar still holding a pre-wipe token cannot lock the new owner out.
+        # The counter's floor, the clock in ms: a counter gone (Redis restarted
+        # empty) or taken back by a failover restarts above every token handed
+        # out before, so a partition that recorded one cannot refuse the new
+        # owner (lease_acquire.lua).
         seed = str(int(time.time() * 1000))
         keys = [layout.lease(table), layout.lease_fence(table)]
         reply = await self._eval(scripts.LEASE_ACQUIRE, keys, extra=(seed,))

@@ -351,6 +351,31 @@ async def test_leases_hand_out_growing_tokens_and_the_holder_is_told(
     assert second is not None and second > first
 
 
+async def test_a_fencing_counter_a_failover_took_back_still_hands_out_a_higher_token(
+    redis_url: str, namespace: str, redis_client: aioredis.Redis
+) -> None:
+    """Without redis.durability a failover can promote a replica that lacks
+    the counter's last increments: the next token must still be above every
+    token handed out before (a partition that recorded one would refuse the
+    new owner's writes as FENCED: a cluster run lost a document so)."""
+    config = make_config("s", "postgresql://x@127.0.0.1/x", redis_url, namespace)
+    manager = DataManager(redis_client, config.redis)
+    a, b = Leases(manager, "A", ttl=60), Leases(manager, "B", ttl=60)
+    counter = Layout(namespace).lease_fence("s.t")
+    first = await a.acquire("s.t")
+    assert first is not None
+    await redis_client.delete(Layout(namespace).lease("s.t"))  # lost with the failed node,
+    await redis_client.set(counter, first - 5)  # and the counter's last increments
+    await _clock_past(first)  # a failover takes seconds: the clock has passed any token
+    second = await b.acquire("s.t")
+    assert second is not None and second > first
+
+
+async def _clock_past(milliseconds: int) -> None:
+    """Until the clock in ms has passed ``milliseconds`` (a few ms at most)."""
+    await asyncio.sleep(max(0.0, (milliseconds + 1) / 1000 - time.time()) + 0.001)
+
+
 async def test_the_worker_registry_counts_live_sidecars_only(
     redis_url: str, namespace: str, redis_client: aioredis.Redis
 ) -> None:
