@@ -5,7 +5,7 @@ error (a lease hand-over), not a table error."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -17,13 +17,6 @@ from cdc.sources import pg_logical
 from tests.contract.harness import PostgresLogicalHarness, Replica
 
 ITEMS = {"id": "int", "n": "int", "note": "text"}
-
-
-@pytest.fixture
-async def harness(request: pytest.FixtureRequest) -> AsyncIterator[PostgresLogicalHarness]:
-    async with PostgresLogicalHarness.running(request) as running:
-        assert isinstance(running, PostgresLogicalHarness)
-        yield running
 
 
 async def _slot_exists(harness: PostgresLogicalHarness, name: str) -> bool:

@@ -172,13 +172,6 @@ async def test_a_snapshot_taken_while_a_commit_is_held_loses_nothing(
             await asyncio.wait_for(run, 30)
 
 
-@pytest.fixture
-async def harness(request: pytest.FixtureRequest) -> AsyncIterator[PostgresLogicalHarness]:
-    async with PostgresLogicalHarness.running(request) as running:
-        assert isinstance(running, PostgresLogicalHarness)
-        yield running
-
-
 async def test_a_read_across_column_changes_decodes_every_shape(harness: PostgresLogicalHarness) -> None:
     """ADD and DROP COLUMN between the writes of one read: each change is
     decoded with the shape it was written with (the last shape of the read is

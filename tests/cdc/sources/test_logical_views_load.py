@@ -8,7 +8,7 @@ check of 0.5.0 missed transactions (6 to 25 snapshots of 100 here).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -28,13 +28,6 @@ def postgres_dsn() -> Iterator[str]:
         pytest.skip(str(exc))
     yield server.dsn
     server.cleanup()
-
-
-@pytest.fixture
-async def harness(request: pytest.FixtureRequest) -> AsyncIterator[PostgresLogicalHarness]:
-    async with PostgresLogicalHarness.running(request) as running:
-        assert isinstance(running, PostgresLogicalHarness)
-        yield running
 
 
 SNAPSHOTS_UNDER_LOAD = 100

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 import struct
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -21,13 +20,6 @@ from cdc.sources.pg_pgoutput import UNCHANGED, NetChanges, Relation, transaction
 from tests.contract.harness import PostgresLogicalHarness, Replica, read_all
 
 ITEMS = {"id": "int", "n": "int", "note": "text"}
-
-
-@pytest.fixture
-async def harness(request: pytest.FixtureRequest) -> AsyncIterator[PostgresLogicalHarness]:
-    async with PostgresLogicalHarness.running(request) as running:
-        assert isinstance(running, PostgresLogicalHarness)
-        yield running
 
 
 async def _confirmed(harness: PostgresLogicalHarness, table: str) -> int:
