@@ -177,10 +177,7 @@ class Balancer:
         ``_renew`` finds them gone and cancels the trackers in the middle of
         the snapshots just asked for. The trackers keep writing with their
         token: the counter restarted from the clock, so the new token is
-        higher, and any later owner's is higher still (still fenced out).
-        (A cancelled snapshot resumed after the lease loss a wipe caused
-        lost rows moved by a primary-key update in CI, not reproduced here:
-        this keeps the wipe off that path; the path itself is still open.)"""
+        higher, and any later owner's is higher still (still fenced out)."""
         if not self._leases_wiped:
             return
         for table in list(self.running):

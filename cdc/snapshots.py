@@ -20,7 +20,9 @@ first view's ``v1``: a row written at ``v1`` that changed before ``v2`` is
 brought up to date by the change stream (a deletion is a change too), and a
 change at or below ``v2`` of a row written at ``v2`` is dropped by the apply
 rule. The sweep deletes, at ``v1``, the live documents neither part wrote,
-told by key (the ``@seen`` sets, which outlive the crash), never by ``@v``:
+told by key (the ``@seen`` sets, which outlive the crash and are dropped
+only once the resume point is: resumed without them, a sweep would delete
+every document), never by ``@v``:
 two snapshots with nothing written at the source between them read at one
 version. A row neither part saw was absent at ``v1`` (keys up to the resume
 key) or at ``v2`` (the rest), and any change after ``v1`` still applies over
@@ -96,8 +98,11 @@ class SnapshotLoader:
         views = await self._load(info, feeder, resume, shape, sweep)
         if sweep and "D" in self.table_config.operations:
             await self.line.wait_applied(await feeder.sweep(section, *views))
-        await self.manager.forget_seen(section)
+        # The resume point goes first: stopped between the two (a Redis blip, a
+        # lease lost, a crash), a snapshot resumed without its @seen sets would
+        # sweep every document it wrote; without a resume point it starts over.
         await self.resumes.clear()
+        await self.manager.forget_seen(section)
         self.resumes.sweep_forced = False
         return min(views)
 
