@@ -41,6 +41,8 @@ from publishers.leases import Leases
 
 log = logging.getLogger("cdc.balancer")
 
+FAILED_OVER = "Redis failed over"  # the reason of the snapshots a failover asks for
+
 
 class Policy(Protocol):
     until_caught_up: bool  # trackers stop once caught up, instead of following
@@ -209,9 +211,12 @@ class Balancer:
             "re-snapshotting every table this sidecar owns",
             extra={"failover": changed, "tables": len(repaired)},
         )
-        for tracker in repaired:
-            tracker.loader.resumes.distrust()  # a snapshot under way starts over
-            tracker.request_snapshot("Redis failed over")
+        for tracker in repaired:  # a snapshot under way starts over, after it ends
+            tracker.request_snapshot(FAILED_OVER, distrust=True)
+        # and every table, through Redis: one another sidecar runs (or none
+        # does) may have a checkpoint ahead of what the failover lost too, and
+        # its owner may not see this failover (its own watch started after it)
+        await control.request_failover_snapshots(self.pipeline.manager, [t.table for t in self.trackers])
 
     async def _stay_registered(self) -> None:
         if not await control.keep_alive(self.pipeline.manager, self.worker_id, self.lease_ttl):
@@ -221,8 +226,12 @@ class Balancer:
         owned = self.owned()
         requested = await control.snapshot_requests(self.pipeline.manager, [t.table for t in owned])
         for tracker in owned:
-            if tracker.table in requested:
-                tracker.request_snapshot(snapshot_range.REQUESTED)
+            stored = requested.get(tracker.table)
+            if stored is None:
+                continue
+            failover = stored.startswith(control.FAILOVER_REQUEST)
+            reason = FAILED_OVER if failover else snapshot_range.REQUESTED
+            tracker.request_snapshot(reason, stored=stored, distrust=failover)
 
     async def _renew(self) -> None:
         renewed = await self.leases.renew_all(list(self.running))

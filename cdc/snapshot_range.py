@@ -32,7 +32,7 @@ from cdc.errors import CdcError
 from cdc.feeder import RowFeeder
 from cdc.snapshots import SnapshotLoader
 from cdc.sources.base import TableInfo
-from publishers import redis_calls
+from publishers import control, redis_calls
 from publishers.manager import DataManager
 
 log = logging.getLogger("cdc.tracker")
@@ -86,9 +86,7 @@ async def requested(manager: DataManager, table: str) -> tuple[KeyRange | None, 
 
 async def forget(manager: DataManager, table: str, raw: bytes | str) -> None:
     """Remove the request once it is done, unless another one replaced it meanwhile."""
-    key = manager.layout.checkpoint(table)
-    if await redis_calls.call(manager.client.hget(key, FIELD), manager.config.url) == raw:
-        await redis_calls.call(manager.client.hdel(key, FIELD), manager.config.url)
+    await control.clear_field(manager, table, FIELD, raw)
 
 
 class _Tracker(Protocol):

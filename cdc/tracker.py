@@ -56,6 +56,7 @@ from cdc.errors import (
 from cdc.feeder import RowFeeder
 from cdc.metrics import Metrics
 from cdc.reachability import Component, redis_component
+from cdc.snapshot_requests import SnapshotRequests
 from cdc.snapshots import SnapshotLoader, SnapshotProgress
 from cdc.sources.base import ChangeSource, TableInfo
 from cdc.table_gauges import TableGauges
@@ -130,7 +131,7 @@ class ChangeTracker:
         self.feeder = RowFeeder(self.describer, worker=worker, manager=manager, metrics=metrics)
         self._describe_request: str | None = "not described yet"
         self._shape_checked = False  # the stored shape compared with the described one
-        self._snapshot_request: str | None = None
+        self.requests = SnapshotRequests(manager, self.table, self.wake.set)  # the snapshot owed
         self._expired = 0  # TrackingExpired in a row, no step succeeding in between
         self.stop_event: asyncio.Event = _StopEvent(self.wake)
 
@@ -171,14 +172,15 @@ class ChangeTracker:
         stored = checkpoint if checkpoint is not None and checkpoint.state == "streaming" else None
         self.position = None if stored is None else stored.version
         self.checkpoints.reset(stored)
-        self._snapshot_request = self._snapshot_request or _unfinished_snapshot(checkpoint)
+        self.requests.pending = self.requests.pending or _unfinished_snapshot(checkpoint)
         self.gauges.running()
 
-    def request_snapshot(self, reason: str) -> None:
-        """Re-snapshot at the next poll (``cdc snapshot`` asks through Redis)."""
-        if self._snapshot_request is None:
-            self._snapshot_request = reason
-            self.wake.set()
+    def request_snapshot(self, reason: str, *, stored: str | None = None, distrust: bool = False) -> None:
+        """Re-snapshot at the next step (``cdc.snapshot_requests``: ``stored``
+        is the stored request's text). ``distrust``: that snapshot starts over
+        and sweeps (``Resumes.distrust``: a failover may have lost its pages)."""
+        if self.requests.ask(reason, stored=stored) and distrust:
+            self.loader.resumes.distrust()
 
     def notice_fingerprint(self, fingerprint: str | None) -> None:
         """The source's fingerprint of the table now: describe it again at
@@ -198,7 +200,7 @@ class ChangeTracker:
                 self._expired += 1
                 log.warning("re-snapshotting", extra={"table": self.table, "reason": exc.reason})
                 self.position = None
-                self._snapshot_request = self._snapshot_request or f"change tracking expired: {exc.reason}"
+                self.requests.pending = self.requests.pending or f"change tracking expired: {exc.reason}"
                 await _pause_after_expiries(self._expired, stop)
                 continue
             if caught_up is None:  # stopped while retrying
@@ -223,12 +225,10 @@ class ChangeTracker:
             await self._describe()
         if not self._shape_checked:
             reason = await self.describer.stored_shape_differs(self.manager, self.position is not None)
-            self._snapshot_request = self._snapshot_request or reason
+            self.requests.pending = self.requests.pending or reason
             self._shape_checked = True
-        if self._snapshot_request is not None:
-            await snapshot_range.due(self, self._snapshot_request)
-            await control.clear_snapshot_request(self.manager, self.table)
-            self._snapshot_request = None
+        if self.requests.pending is not None:
+            await self.requests.serve(functools.partial(snapshot_range.due, self))
         elif self.position is None:
             await self.snapshot("no checkpoint yet")
         found = await self.poll()
@@ -242,7 +242,7 @@ class ChangeTracker:
         assert self.describer.info is not None and self.describer.mapper is not None
         self.describer.mapper.fence = self.fence
         if reason is not None and self.position is not None:
-            self._snapshot_request = self._snapshot_request or reason
+            self.requests.pending = self.requests.pending or reason
         self._shape_checked = False
 
     # -- polling ---------------------------------------------------------------

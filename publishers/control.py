@@ -4,7 +4,7 @@ doctor`` checks on the Redis side.
 
 Checkpoint hash fields besides DESIGN.md's ``version``/``updated_at``/``state``:
 ``snapshot_requested`` (set by ``cdc snapshot`` for the owning sidecar to act
-on), ``snapshot_rows`` and ``snapshot_total`` (progress of a running snapshot).
+on, or by a sidecar that saw a failover: ``FAILOVER_REQUEST``), ``snapshot_rows`` and ``snapshot_total`` (progress of a running snapshot).
 
 Heartbeat fields read here (``ns:@worker:id``, written whole by the sidecar):
 ``heartbeat_at`` (its clock, seconds), ``tables``, and per table it runs
@@ -29,6 +29,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from publishers import redis_calls, redis_checks, scripts
 from publishers.manager import DataManager
 from publishers.model import Finding
+
+REQUEST_FIELD = "snapshot_requested"
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -211,29 +213,70 @@ async def epoch(manager: DataManager) -> str:
 
 @_translated
 async def request_snapshot(manager: DataManager, table: str) -> None:
-    await manager.client.hset(manager.layout.checkpoint(table), "snapshot_requested", str(time.time()))
+    await manager.client.hset(manager.layout.checkpoint(table), REQUEST_FIELD, str(time.time()))
+
+
+# A request written by a sidecar that saw Redis fail over without
+# ``redis.durability`` (``FAILOVER_REQUEST`` and a time): whoever owns the table
+# next snapshots it whole and starts over, even if it was not running it when
+# the failover happened (its checkpoint may be ahead of documents the failover lost).
+FAILOVER_REQUEST = "failover"
+
+
+@_translated
+async def request_failover_snapshots(manager: DataManager, tables: Sequence[str]) -> None:
+    """Ask whoever owns each of ``tables`` for a failover's snapshot; a
+    request already there stays (a ``cdc snapshot`` range one is served whole)."""
+    if not tables:
+        return
+    requests = await snapshot_requests(manager, tables)
+    value = f"{FAILOVER_REQUEST} {time.time()}"
+    for table in tables:
+        if not requests.get(table, "").startswith(FAILOVER_REQUEST):
+            await manager.client.hset(manager.layout.checkpoint(table), REQUEST_FIELD, value)
 
 
 @_translated
 async def snapshot_requested(manager: DataManager, table: str) -> bool:
-    return bool(await manager.client.hexists(manager.layout.checkpoint(table), "snapshot_requested"))
+    return bool(await manager.client.hexists(manager.layout.checkpoint(table), REQUEST_FIELD))
 
 
 @_translated
-async def snapshot_requests(manager: DataManager, tables: Sequence[str]) -> set[str]:
-    """Which of ``tables`` have a snapshot requested, in one round trip."""
+async def snapshot_request(manager: DataManager, table: str) -> str | None:
+    """The table's stored request (its text), or None."""
+    raw = await manager.client.hget(manager.layout.checkpoint(table), REQUEST_FIELD)
+    return None if raw is None else redis_calls.text(raw)
+
+
+@_translated
+async def snapshot_requests(manager: DataManager, tables: Sequence[str]) -> dict[str, str]:
+    """The stored requests of those of ``tables`` that have one, in one round trip."""
     if not tables:
-        return set()
+        return {}
     pipe = manager.client.pipeline(transaction=False)
     for table in tables:
-        pipe.hexists(manager.layout.checkpoint(table), "snapshot_requested")
+        pipe.hget(manager.layout.checkpoint(table), REQUEST_FIELD)
     replies = await pipe.execute()
-    return {table for table, requested in zip(tables, replies, strict=True) if requested}
+    return {
+        table: redis_calls.text(raw) for table, raw in zip(tables, replies, strict=True) if raw is not None
+    }
+
+
+async def clear_snapshot_request(manager: DataManager, table: str, served: str | None = None) -> None:
+    """Remove the table's request: the one ``served`` (its text) only, so
+    that one made while that snapshot ran is not lost; any (None)."""
+    await clear_field(manager, table, REQUEST_FIELD, served)
 
 
 @_translated
-async def clear_snapshot_request(manager: DataManager, table: str) -> None:
-    await manager.client.hdel(manager.layout.checkpoint(table), "snapshot_requested")
+async def clear_field(manager: DataManager, table: str, field: str, served: str | bytes | None) -> None:
+    """Remove a field of the table's checkpoint hash; with ``served``, only
+    while it still holds that value (``field_clear.lua``)."""
+    key = manager.layout.checkpoint(table)
+    if served is None:
+        await manager.client.hdel(key, field)
+    else:
+        await scripts.run(manager.client, scripts.FIELD_CLEAR, [key], [field, served], manager.config.url)
 
 
 @_translated

@@ -62,6 +62,7 @@ LEASE_RELEASE = _read("lease_release")
 BULK_LOAD = _read("bulk_load")
 BULK_MARKER = _read("bulk_marker")
 FENCE_RAISE = _read("fence_raise")
+FIELD_CLEAR = _read("field_clear")
 CONSUME_CREATE = _read("consume_create")  # consumer groups: publishers/consumer_group.py
 CONSUME_TAKE = _read("consume_take")
 CONSUME_ACK = _read("consume_ack")
@@ -83,6 +84,7 @@ REGISTRY: dict[str, Script] = {
         BULK_LOAD,
         BULK_MARKER,
         FENCE_RAISE,
+        FIELD_CLEAR,
         CONSUME_CREATE,
         CONSUME_TAKE,
         CONSUME_ACK,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from types import SimpleNamespace
 
 import pytest
 import redis.asyncio as aioredis
@@ -31,6 +30,8 @@ class StandInTracker:
         self.fence = 0
         self.stop_event = asyncio.Event()
         self.snapshot_requests: list[str] = []
+        self.stored_requests: list[str] = []
+        self.distrusted = False  # a request asked it to start over (a failover)
 
     async def start(self, fence: int = 0) -> None:
         self.fence = fence
@@ -40,8 +41,12 @@ class StandInTracker:
         if not until_caught_up:  # a stand-in is always caught up
             await self.stop_event.wait()
 
-    def request_snapshot(self, reason: str) -> None:
+    def request_snapshot(self, reason: str, *, stored: str | None = None, distrust: bool = False) -> None:
+        if stored is not None and stored in self.stored_requests:
+            return  # (the real tracker: the stored request its snapshot serves)
         self.snapshot_requests.append(reason)
+        self.stored_requests += [stored] if stored is not None else []
+        self.distrusted = self.distrusted or distrust
 
     async def flush(self) -> None:
         pass
@@ -225,11 +230,6 @@ class StandInFailoverWatch:
         return "a new primary" if seen else None
 
 
-class Resumes:
-    def distrust(self) -> None:
-        pass
-
-
 async def test_a_failover_repairs_a_table_whose_lease_it_took(manager: DataManager) -> None:
     """The failover took the lease with the failed node: the tracker is
     cancelled and still unwinding when the failover is seen. It must be
@@ -237,7 +237,6 @@ async def test_a_failover_repairs_a_table_whose_lease_it_took(manager: DataManag
     ahead of the documents the failover lost), it would never be."""
     balancer = await make_balancer(manager, "w", tables=["s.a"])
     tracker = SlowToStopTracker("s.a")
-    tracker.loader = SimpleNamespace(resumes=Resumes())  # type: ignore[attr-defined]
     balancer.pipeline.trackers[:] = [tracker]  # type: ignore[index]
     try:
         await balancer.round()
@@ -246,10 +245,33 @@ async def test_a_failover_repairs_a_table_whose_lease_it_took(manager: DataManag
         assert "s.a" in balancer.stopping
         balancer._failover = StandInFailoverWatch()  # type: ignore[assignment]
         await balancer.round()
-        assert tracker.snapshot_requests == ["Redis failed over"]
+        assert tracker.snapshot_requests == ["Redis failed over"] and tracker.distrusted
     finally:
         tracker.unwound.set()
         await balancer.stop_trackers()
+
+
+async def test_a_failover_asks_for_a_snapshot_of_the_tables_other_sidecars_run(manager: DataManager) -> None:
+    """A sidecar that sees the failover asks, through Redis, for a snapshot of
+    every table: another sidecar's (which may not see this failover: its
+    watch may have started after it) and one nobody runs, whose checkpoint
+    may be ahead of documents the failover lost too."""
+    seeing = await make_balancer(manager, "seeing", tables=["s.a", "s.b"])
+    other = await make_balancer(manager, "other", tables=["s.a", "s.b"])
+    try:
+        await other.round()  # takes both tables: alone so far
+        assert set(other.running) == {"s.a", "s.b"}
+        seeing._failover = StandInFailoverWatch()  # type: ignore[assignment]
+        await seeing.round()
+        await other.round()
+        for table in ("s.a", "s.b"):
+            tracker = other.pipeline.tracker(table)
+            assert tracker.snapshot_requests == ["Redis failed over"] and tracker.distrusted, table  # type: ignore[attr-defined]
+        await other.round()  # forwarded every round until served: one snapshot
+        assert other.pipeline.tracker("s.a").snapshot_requests == ["Redis failed over"]  # type: ignore[attr-defined]
+    finally:
+        await seeing.stop_trackers()
+        await other.stop_trackers()
 
 
 async def test_a_snapshot_request_reaches_the_owners_tracker(manager: DataManager) -> None:

@@ -105,7 +105,16 @@ async def test_leases_and_the_worker_registry_work_on_a_cluster(manager: DataMan
     assert await leases.renew_all(tables) == dict.fromkeys(tables, True)
     assert await Leases(manager, "w2", ttl=30).renew_all(tables[:3]) == dict.fromkeys(tables[:3], False)
     await control.request_snapshot(manager, tables[5])
-    assert await control.snapshot_requests(manager, tables) == {tables[5]}
+    stored = await control.snapshot_request(manager, tables[5])
+    assert stored is not None and await control.snapshot_requests(manager, tables) == {tables[5]: stored}
+    await control.request_failover_snapshots(manager, tables)
+    requests = await control.snapshot_requests(manager, tables)
+    assert set(requests) == set(tables) and all(
+        r.startswith(control.FAILOVER_REQUEST) for r in requests.values()
+    )
+    for table in tables:
+        await control.clear_snapshot_request(manager, table, requests[table])
+    assert await control.snapshot_requests(manager, tables) == {}
     await manager.heartbeat("w1", {"tables": ",".join(tables)}, ttl=30)
     assert await control.keep_alive(manager, "w1", 30)
     assert await control.live_workers(manager) == {"w1"}
