@@ -3,11 +3,12 @@
 One ``round()`` (the daemon runs one every ``lease_ttl / 3``)::
 
     check the epoch        Redis restarted empty: re-snapshot what we own
-    check for a failover   behind sentinels or on a cluster, a new primary: re-snapshot unless durable
+    check for a failover   behind sentinels or on a cluster, a new primary: unless durable,
+                           ask for a snapshot of every table through Redis
     stay registered        so that other sidecars count us in their fair share
-    forward requests       ``cdc snapshot`` asks the owner through Redis
     renew leases           a lease lost stops its tracker at once
     place tables           the policy takes free tables and gives some back
+    forward requests       ``cdc snapshot`` (or a failover) asks the owner through Redis
 
 ``reap()`` collects trackers that ended: caught up (``TakeAll``), their lease
 lost, or (``TakeAll`` only: ``cdc run --once`` fails fast) failed, raised so
@@ -119,6 +120,7 @@ class Balancer:
         self._epoch = ""
         self._leases_wiped = False  # Redis lost its data: our leases are to be taken again
         self._failover: FailoverWatch | None = None  # publishers.failover
+        self._repair_due = False  # a failover's snapshot requests not written yet
 
     @property
     def leases(self) -> Leases:
@@ -154,13 +156,14 @@ class Balancer:
         await self._check_epoch()
         await self._retake_wiped_leases()
         await self._check_failover()
+        await self._request_repair()
         await self._stay_registered()
-        await self._forward_snapshot_requests()
         await self._renew()
         self._forget_stopped()
         busy = self.running.keys() | self.stopping.keys() | self.done
         free = [t for t in self._rotated() if t.table not in busy]
         await self.policy.place(self, free)
+        await self._forward_snapshot_requests()  # to the tables just taken too
 
     async def _check_epoch(self) -> None:
         """Redis restarted empty: every document and checkpoint is gone, so
@@ -202,21 +205,24 @@ class Balancer:
                 extra={"failover": changed},
             )
             return
-        # the tables whose lease the failover took (their tracker still
-        # unwinding: taken again next round) are repaired too: their stored
-        # checkpoint may be ahead of documents the failover lost
-        repaired = [t for t in self.trackers if t.table in self.running or t.table in self.stopping]
         log.error(
             "Redis failed over to a new primary, which may lack the old one's last writes: "
-            "re-snapshotting every table this sidecar owns",
-            extra={"failover": changed, "tables": len(repaired)},
+            "re-snapshotting every table",
+            extra={"failover": changed},
         )
-        for tracker in repaired:  # a snapshot under way starts over, after it ends
-            tracker.request_snapshot(FAILED_OVER, distrust=True)
-        # and every table, through Redis: one another sidecar runs (or none
-        # does) may have a checkpoint ahead of what the failover lost too, and
-        # its owner may not see this failover (its own watch started after it)
-        await control.request_failover_snapshots(self.pipeline.manager, [t.table for t in self.trackers])
+        self._repair_due = True
+        await self._request_repair()
+
+    async def _request_repair(self) -> None:
+        """Ask, through Redis, for a snapshot of every table of the config:
+        whoever owns each (this sidecar's forward below, this round; another
+        sidecar's, which may not see this failover: its watch may have started
+        after it; the next owner of a table nobody runs, or whose lease the
+        failover took) snapshots it whole, from the start. Tried again each
+        round until written."""
+        if self._repair_due:
+            await control.request_failover_snapshots(self.pipeline.manager, [t.table for t in self.trackers])
+            self._repair_due = False
 
     async def _stay_registered(self) -> None:
         if not await control.keep_alive(self.pipeline.manager, self.worker_id, self.lease_ttl):
