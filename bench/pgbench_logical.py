@@ -24,7 +24,7 @@ from typing import Any
 import redis
 
 from bench.context import Context
-from bench.env import Env, Sidecar, cdc, write_config
+from bench.env import Env, Sidecar, cdc, tree_cpu, write_config
 from publishers.layout import Layout
 
 # The settings logical capture needs (max_replication_slots: one slot a table).
@@ -69,6 +69,7 @@ def run(
         result = measure(ctx, seconds, True)
         sidecar_cpu = sidecar.cpu_seconds() - cpu_before
         sidecar.stop()
+        result["alone"] = _writers_alone(ctx, path, seconds, number, measure)
     finally:
         sidecar.kill()
         cdc("tracking", "disable", "-c", str(path), "--force")
@@ -76,6 +77,23 @@ def run(
     result["capture"] = "logical"
     result["sidecar_draining"] = True
     result["sidecar_cpu_usec_per_transaction"] = round(sidecar_cpu / max(1, result["transactions"]) * 1e6)
+    return result
+
+
+def _writers_alone(ctx: Context, path: Any, seconds: int, number: int, measure: Run) -> dict[str, Any]:
+    """What the writers pay with the slots in place and no sidecar reading
+    them meanwhile (the trigger mode's runs have no sidecar either): the
+    WAL is decoded later, when a sidecar (``cdc run --once`` here) drains the
+    slots; the server's CPU during that drain, per transaction, is the
+    decoding's cost, paid by the server but not by the writers' transactions."""
+    result = measure(ctx, seconds, True)
+    pid = ctx.env.postgres.proc.pid if ctx.env.postgres.proc else 0
+    before = tree_cpu(pid)
+    drain = Sidecar(path, once=True, name=f"pgbench-logical-drain-{number}").start().wait(timeout=600)
+    time.sleep(0.2)  # the sidecar's backends exit, and the postmaster reaps them (their CPU)
+    transactions = max(1, result["transactions"])
+    result["drain_server_cpu_usec_per_transaction"] = round((tree_cpu(pid) - before) / transactions * 1e6)
+    result["drain_sidecar_cpu_usec_per_transaction"] = round(drain.cpu / transactions * 1e6)
     return result
 
 
@@ -106,7 +124,18 @@ def _forget(url: str, namespace: str) -> None:
 def summary(runs: list[dict[str, Any]], untracked: list[dict[str, Any]]) -> dict[str, Any]:
     """Each logical run over the untracked run of its triple, and the medians."""
     ratios = [r["tps"] / max(1, u["tps"]) for r, u in zip(runs, untracked, strict=True)]
+    alone = [r["alone"] for r in runs if "alone" in r]
+    alone_ratios = [a["tps"] / max(1, u["tps"]) for a, u in zip(alone, untracked, strict=False)]
     return {
+        "alone_ratios": [round(r, 3) for r in alone_ratios],
+        "alone_median_ratio": round(statistics.median(alone_ratios), 3) if alone_ratios else None,
+        "alone_median_tps": round(statistics.median(a["tps"] for a in alone)) if alone else None,
+        "alone_median_drain_server_cpu_usec_per_transaction": _median(
+            alone, "drain_server_cpu_usec_per_transaction"
+        ),
+        "alone_median_drain_sidecar_cpu_usec_per_transaction": _median(
+            alone, "drain_sidecar_cpu_usec_per_transaction"
+        ),
         "settings": list(SETTINGS),
         "sidecar_draining": True,
         "runs": runs,
@@ -120,3 +149,7 @@ def summary(runs: list[dict[str, Any]], untracked: list[dict[str, Any]]) -> dict
             statistics.median(r["sidecar_cpu_usec_per_transaction"] for r in runs)
         ),
     }
+
+
+def _median(runs: list[dict[str, Any]], field: str) -> int | None:
+    return round(statistics.median(r[field] for r in runs)) if runs else None
