@@ -12,6 +12,7 @@ import pytest
 
 from cdc import snapshot_writer
 from cdc.config import RedisConfig, TableConfig
+from cdc.errors import RedisUnavailable
 from cdc.mapping import TableMapper
 from cdc.snapshot_writer import PageWriter
 from cdc.sources.base import Column, SnapshotPage, TableInfo
@@ -87,3 +88,29 @@ async def test_a_page_is_written_while_the_next_one_is_mapped(
     assert await manager.client.scard(manager.layout.index("p", SECTION)) == 12000
     for n in range(3):  # page n's write began before page n+1 was mapped
         assert events.index(("write starts", n)) < events.index(("mapped", n + 1)), events
+
+
+async def test_pages_after_one_that_failed_are_never_recorded_as_written(manager: DataManager) -> None:
+    """Two pages are in flight: when the older one fails, the newer may well
+    be written, but the resume point must not pass the failed page."""
+
+    class FailsPageOne(BulkWriter):
+        async def write(self, table: str, section: str, page: PageRows, **kw: Any) -> BulkOutcome:
+            number = min(int(key) for rows in page.by_partition.values() for key, _ in rows) // 100
+            if number == 1:
+                raise RedisUnavailable("Redis went away for a moment (test)")
+            return await super().write(table, section, page, **kw)
+
+    settled: list[int] = []
+
+    async def done(page: SnapshotPage, outcome: BulkOutcome) -> None:
+        settled.append(page.rows[0]["Id"] // 100)
+
+    writer = FailsPageOne(manager.client, manager.config, manager.layout)
+    page_writer = PageWriter(TABLE, SECTION, writer, Feeder(), True, done)  # type: ignore[arg-type]
+    with pytest.raises(RedisUnavailable):
+        for page in pages(3, 100):
+            await page_writer.put(page)
+        await page_writer.flush()
+    await page_writer.close()
+    assert settled == [0], "a page after the failed one was recorded as written"
