@@ -6,11 +6,11 @@ NOTES = """
 ## How to read these figures
 
 - Every figure above comes from this one run; the ratios in the targets table compare figures of
-  the same run. The machine has 2 vCPUs for PostgreSQL, Redis, the sidecar and the load generators,
-  and is shared: see "Quiet machine" at the top. Figures move by 10-30% between runs on it, and the
-  machine itself changes: this run's (2026-11-23) is an AMD EPYC, the previous full run's
-  (2026-11-22) an Intel Xeon, on which the same unchanged code ran faster (the naive baseline
-  2,275/s there, 1,674/s here). Compare runs by their ratios, not their absolute figures.
+  the same run. The machine has 2 vCPUs for PostgreSQL, Redis, the sidecar and the load generators;
+  see "Quiet machine" at the top. Figures move by 10-30% between runs, and the machine itself
+  changes from session to session (2026-11-22 an Intel Xeon, 2026-11-23 an AMD EPYC, this run's
+  2026-11-24 an Intel Xeon again, with every absolute figure higher: the loader 39,716 rows/s here,
+  24,386 on 2026-11-23). Compare runs by their ratios, not their absolute figures.
 - **The naive baseline is the weak point of the drain ratios.** It is bound by round trips through
   redis-py's asyncio client, and their cost on this VM moves from run to run: 1,674/s in this run,
   2,100-2,400/s on a quiet machine on 2026-11-22 (a plain `redis.asyncio.Redis` loop of 3 x 5,000 HSET+PUBLISH pairs
@@ -18,17 +18,15 @@ NOTES = """
   in the issue. Against 4,000/s the drain of this run would be 3.1x (batch 100) to 4.1x (batch 2000),
   short of 5x. The ratios to the apply ceiling (43-55%) are the steadier measure: both sides go
   through the same Redis.
-- Drain: the sidecar is one Python process on one core. Per change it spends ~48 µs of CPU (section
-  7: 47.7 µs at batch 2000; reading and decoding the row, encoding ten JSON
-  values, building the Lua call), Redis ~31-43 µs (the apply script), PostgreSQL ~7 µs: ~90 µs of
-  CPU per change on two cores, so about 22,000 changes/s is the most this machine could do with
-  perfect overlap. The sidecar's CPU is the limit; small batches cost more per change (more,
-  smaller Lua calls).
-- Snapshot (the bulk snapshot, item 16 below): one table, one partition. Per row the sidecar spends
-  18.6 µs of CPU, Redis 19.7 µs (`bulk_load.lua`: the fence, the hash, the index and the sweep's
-  `@seen` set), PostgreSQL 4.1 µs: 42 µs on two cores, so ~47,000 rows/s with perfect overlap; the
-  run reached 29,195 (Redis busy 57% of the time). The one-off loader spends 52 µs of its own CPU a
-  row (redis-py building and parsing a pipeline of HSETs) and Redis 9 µs.
+- Drain: the sidecar is one Python process on one core. Per change it spends 13.8 µs of CPU
+  (section 7, batch 2000: reading and decoding the row, encoding ten JSON values, building the Lua
+  call), Redis ~18 µs (the apply script), PostgreSQL a few µs: Redis is the busier side, and the
+  drain reaches 61% of the apply ceiling (the ceiling being Redis alone, fed from memory).
+- Snapshot (the bulk snapshot, items 16 and 20 below): one table, one partition. Two pages are in
+  flight (item 20), so Redis is the bound: busy ~97% of the snapshot (`bulk_load.lua`: the fence,
+  an HGET and an HSET a row, the index a page at a time), ~8.5 µs of its CPU a row; the sidecar
+  ~4.9 µs, PostgreSQL ~2.9 µs. The one-off loader spends ~20 µs of its own CPU a row (redis-py
+  building and parsing a pipeline of HSETs) and Redis ~4 µs: its Redis is idle most of the time.
 - Idle: "Redis commands/s" counts the commands run inside scripts too (a lease renewal is an EVAL, a
   GET and a PEXPIRE); the sidecar sends ~30 calls/s for 50 tables, in two pipelines per lease round.
   "PostgreSQL xacts/s" is about one statement per table every 30 s, plus the lease-round queries.
@@ -140,41 +138,49 @@ figures are from development runs on this machine (same sizes as the quick mode,
 19. **Drain details** (`cdc/values.py`): decimals through `str` (4x faster), a one-regex surrogate check:
     -4.4% instructions a change (callgrind).
 
+20. **Two snapshot pages in flight** (`cdc/snapshot_writer.py`, issue 17): the next page is sent as
+    soon as it is mapped, while Redis still works on the one before; with one, Redis waited between
+    two pages for the sidecar to settle the first and pack the second (busy ~50%). 1,000,000 rows,
+    `python -m bench --only snapshot`, same machine one after the other: 1 in flight 83,188 rows/s,
+    2: 119,804 and 127,828, 3: 125,360 (10 MB more). A page after one that failed is never recorded
+    as written (the resume point never passes a page not written).
+
 Tried and dropped: preparing the next batch's Lua arguments while the batch before is in Redis (the
 sidecar is CPU-bound, so it only moved the same work earlier: no gain measured).
 
 ## Why the missed targets are missed
 
-The targets of issue 17 (the snapshot, the sidecar's CPU, the drain against the ceiling at batch
-2000, the subscriber and pgbench) are missed; everything else is met.
+Of issue 17's targets, met: the snapshot's 50,000 rows/s (113,237), the Redis apply's <= 2.1x (2.05x),
+the drain's >= 60% of the ceiling at batch 2000 (61%), the subscriber's 50,000 messages/s (60,450), and
+pgbench >= 0.80x with logical capture when no sidecar runs during the run, as the trigger runs are
+measured (0.96x). Missed:
 
-- **Snapshot >= 50,000 rows/s and >= 3.5x the one-off loader** (29,195 rows/s, 1.71x). Measured
-  13,804 rows/s before the bulk snapshot. The CPU it spends (42 µs a row, above) caps this machine
-  near 47,000 rows/s; 50,000 needs less of it on both sides: a per-row Redis cost nearer the
-  loader's 9 µs (fewer structures written per row: the `@seen` set and the index could be written
-  a page at a time with SADD's variadic form, measured nowhere yet) and the sidecar's 18.6 µs
-  lower (the row as JSON text from PostgreSQL for every type, not only ints, jsonb, numeric, uuid
-  and text). 3.5x the loader is 60,000 rows/s here: beyond the machine with the loader's own cost.
-- **Sidecar CPU <= 1.4x the plain commands' Redis CPU** (3.08x) **and the drain >= 60% of the
-  ceiling at batch 2000** (56%). The sidecar's ~48 µs a change is spread over about 160,000
-  instructions (callgrind); no single step is above 15%. The next steps, each measured on a scratch
-  build only: sending an update's changed columns only (a contract decision: a later update would
-  no longer heal a document after a dead-lettered change), compiling `values`/`mapping`/`apply`
-  with mypyc (-17.6% instructions in `from_row`), the row as JSON text from the database.
-- **Subscriber >= 50,000 messages/s** (20,057/s, 1.64x jsonpatch). About 25% of its time is the
-  cyclic garbage collector's full collections while the replica grows from empty; decoding an
-  insert costs 2.5 µs in orjson and 6 µs in the exactness check (long digit runs). 20 µs a message
-  in pure Python with exact numbers is out of reach; a C decoder that keeps numbers exact is the
-  next step.
-- **pgbench with tracking >= 0.80x without** (0.63x, median of 8 interleaved pairs; server CPU
-  ~950 against ~580 µs a transaction). The capture trigger is a row trigger that upserts the net
-  change: ~36 µs of the ~100 µs a row is the upsert, ~15 µs calling the function. An append-only log
-  measured the same, and statement triggers are never fired by logical replication's apply worker.
-  No trigger that records the changed columns reaches 0.80x; a logical-decoding capture mode is the
-  way (Debezium's and Sequin's, a few percent).
+- **Snapshot >= 3.5x the one-off loader** (2.85x: 113,237 against 39,716 rows/s). Redis is the bound
+  (~8.5 µs of its CPU a row, busy ~97% of the snapshot) where the loader's Redis spends ~4 µs a row on
+  plain HSETs; 3.5x needs ~139,000 rows/s, so Redis at ~7 µs a row at most. What it does a row
+  beyond the loader's HSET: the HGET that tells a document of another type (dead-lettered, never
+  overwritten) and an existing document (deleted first, so a dropped column does not survive), the
+  `@v` and `@ts` fields, the index. Not tried yet: one call per row fewer for an empty section.
+- **Sidecar CPU <= 1.4x the plain commands' Redis CPU** (1.64x: 13.8 against 8.4 µs a change; the
+  issue measured 38-42 µs). 1.4x is 11.8 µs: ~2 µs a change to cut, spread over reading the row,
+  encoding the values and packing the call (no single step above 15%). The next steps, each measured
+  on a scratch build only: compiling `values`/`mapping`/`apply` with mypyc (-17.6% instructions in
+  `from_row`); the change row as JSON text from the database, as the snapshot reads.
+- **pgbench with the trigger capture >= 0.80x without** (0.49x, median of 8 interleaved pairs). The
+  capture trigger is a row trigger that upserts the net change: ~36 µs of the ~100 µs a row is the
+  upsert, ~15 µs calling the function; an append-only log measured the same, and statement triggers
+  are never fired by logical replication's apply worker. No trigger that records the changed columns
+  reaches 0.80x: logical capture (`source.capture: logical`, docs/POSTGRES.md §6) is the answer for
+  the servers that allow it, 0.96x for the writers, with the decoding (68 µs of server CPU a
+  transaction) paid when the sidecar reads. On this 2-core machine, with the sidecar draining during
+  the run (its own CPU and the decoding compete with pgbench for the same two cores), 0.52x: on a
+  database server with a spare core, and the sidecar on another host, the writers' figure is the one
+  that applies.
 
 ## Noticed and left alone
 
+- The same run measured the logical-capture baseline with `wal_level = logical` (the untracked runs
+  too): what `wal_level = logical` itself costs against `replica` is not in these figures.
 - redis-py's asyncio client costs ~150 µs of CPU per command (pipelines and scripts amortize it);
   psycopg's asyncio connection ~250 µs per statement.
 - `apply.lua` spends ~25-45 µs of Redis time per change, mostly in the Lua-to-Redis bridge (see

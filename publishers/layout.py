@@ -117,12 +117,6 @@ class Layout:
     def checkpoint(self, table: str) -> str:
         return f"{self.namespace}:@checkpoint:{table}"
 
-    def checkpoint_wait_marker(self, table: str) -> str:
-        """``ns:@wait:{ns:@checkpoint:table}``: the ``@wait`` marker of a
-        checkpoint on a Redis Cluster, in its slot (the hash tag is the
-        checkpoint's whole key, which has no braces)."""
-        return f"{self.namespace}:@wait:{{{self.checkpoint(table)}}}"
-
     def deadletter(self) -> str:
         return f"{self.namespace}:@deadletter"
 
