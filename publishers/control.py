@@ -213,7 +213,13 @@ async def epoch(manager: DataManager) -> str:
 
 @_translated
 async def request_snapshot(manager: DataManager, table: str) -> None:
-    await manager.client.hset(manager.layout.checkpoint(table), REQUEST_FIELD, str(time.time()))
+    """Ask the table's owner for a snapshot (``cdc snapshot``). A failover's
+    request there stays: the whole snapshot it asks for, from the start,
+    serves this one too, where this one (a key range, say) would not serve it."""
+    key = manager.layout.checkpoint(table)
+    current = await manager.client.hget(key, REQUEST_FIELD)
+    if current is None or not redis_calls.text(current).startswith(FAILOVER_REQUEST):
+        await manager.client.hset(key, REQUEST_FIELD, str(time.time()))
 
 
 # A request written by a sidecar that saw Redis fail over without
@@ -225,8 +231,9 @@ FAILOVER_REQUEST = "failover"
 
 @_translated
 async def request_failover_snapshots(manager: DataManager, tables: Sequence[str]) -> None:
-    """Ask whoever owns each of ``tables`` for a failover's snapshot; a
-    request already there stays (a ``cdc snapshot`` range one is served whole)."""
+    """Ask whoever owns each of ``tables`` for a failover's snapshot. One
+    already there stays (two sidecars that see one failover ask once); a
+    ``cdc snapshot`` request is replaced: the whole snapshot serves it too."""
     if not tables:
         return
     requests = await snapshot_requests(manager, tables)

@@ -105,3 +105,12 @@ async def test_a_failover_request_does_not_replace_one_already_there(manager: Da
         TABLE: first,
         "s.other": await control.snapshot_request(manager, "s.other"),
     }
+
+
+async def test_a_cdc_snapshot_request_does_not_replace_a_failovers(manager: DataManager) -> None:
+    """A key range asked for meanwhile would be served as a range only: the
+    failover's whole snapshot, from the start, serves it too."""
+    await control.request_failover_snapshots(manager, [TABLE])
+    failover = await control.snapshot_request(manager, TABLE)
+    await control.request_snapshot(manager, TABLE)
+    assert await control.snapshot_request(manager, TABLE) == failover
