@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from cdc.config_addresses import check_redis_url, parse_health_address
 from cdc.config_schema import NOT_SHOWN
-from cdc.config_yaml import FieldError
+from cdc.config_yaml import FieldError, Path
 from publishers.settings import Durability, RedisConfig, SentinelConfig
 
 Duration = Callable[[Any, tuple[str | int, ...]], float]
@@ -32,7 +32,18 @@ def build_redis(redis: Mapping[str, Any], duration: Duration) -> RedisConfig:
         tombstone_ttl=duration(redis.get("tombstone_ttl", "7d"), ("redis", "tombstone_ttl")),
         sentinel=sentinel,
         durability=_durability(redis.get("durability"), duration),
+        cluster_nodes=_cluster_nodes(redis),
     )
+
+
+def _cluster_nodes(redis: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
+    nodes = redis.get("cluster_nodes") or []
+    if nodes and not redis.get("cluster", False):
+        raise FieldError(
+            ("redis", "cluster_nodes"),
+            "cluster_nodes are nodes of a Redis Cluster: set cluster: true, or remove them",
+        )
+    return tuple(_node(node, ("redis", "cluster_nodes", i), "a node") for i, node in enumerate(nodes))
 
 
 def _check_url(redis: Mapping[str, Any]) -> None:
@@ -61,7 +72,10 @@ def _sentinel(redis: Mapping[str, Any]) -> SentinelConfig | None:
         raise FieldError(
             ("redis", "sentinel", "url"), f"a sentinel has no database: end the URL at the @; {NOT_SHOWN}"
         )
-    nodes = tuple(_node(node, i) for i, node in enumerate(sentinel["nodes"]))
+    nodes = tuple(
+        _node(node, ("redis", "sentinel", "nodes", i), "a sentinel")
+        for i, node in enumerate(sentinel["nodes"])
+    )
     return SentinelConfig(master=sentinel["master"], nodes=nodes, url=url)
 
 
@@ -85,13 +99,13 @@ def _hostless(url: str, where: tuple[str, ...], what: str) -> None:
         )
 
 
-def _node(value: str, index: int) -> tuple[str, int]:
+def _node(value: str, where: Path, what: str) -> tuple[str, int]:
     try:
         host, port = parse_health_address(value)
     except ValueError as exc:
-        raise FieldError(("redis", "sentinel", "nodes", index), str(exc)) from None
+        raise FieldError(where, str(exc)) from None
     if port == 0:
-        raise FieldError(("redis", "sentinel", "nodes", index), "a sentinel's port cannot be 0")
+        raise FieldError(where, f"{what}'s port cannot be 0")
     return host, port
 
 

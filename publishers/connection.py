@@ -14,7 +14,7 @@ import re
 from typing import Any, TypeAlias
 
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import AbstractConnection, SSLConnection, UnixDomainSocketConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -105,6 +105,8 @@ def create_client(config: RedisConfig) -> RedisClient:
         # a DEL). The daemon retries (RedisUnavailable); the client reads the
         # slot map again before its next command.
         options["retry"] = Retry(NoBackoff(), 0)
+    if config.cluster_nodes:  # tried first, the url's node last (redis-py's order): any one that answers
+        options["startup_nodes"] = [ClusterNode(host, port) for host, port in config.cluster_nodes]
     client: RedisClient = redis_calls.build(
         lambda: (RedisCluster if config.cluster else aioredis.Redis).from_url(config.url, **options),
         config.url,

@@ -44,3 +44,5 @@ class RedisConfig:
     tombstone_ttl: float = 7 * 86400.0  # seconds
     sentinel: SentinelConfig | None = None
     durability: Durability = field(default_factory=Durability)
+    # with cluster: more nodes to find the cluster by when the url's does not answer
+    cluster_nodes: tuple[tuple[str, int], ...] = ()

@@ -124,11 +124,28 @@ def test_a_sentinel_password_written_in_the_file_is_warned_about_by_line(tmp_pat
         ("durability: {replicas: -1}\n", "7: redis.durability.replicas: "),
         ("durability: {replicas: 1, timeout: 1ms}\n", "7: redis.durability.timeout: "),
         ("durability: {timeout: 1s}\n", "7: redis.durability: "),
+        ("cluster_nodes: ['h:7001']\n", "7: redis.cluster_nodes: cluster_nodes are nodes of a Redis Cluster"),
+        (
+            "cluster: true\ncluster_nodes:\n  - h:7001\n  - h:0\n",
+            "10: redis.cluster_nodes[1]: a node's port cannot be 0",
+        ),
+        ("cluster: true\ncluster_nodes: ['h']\n", "8: redis.cluster_nodes[0]: "),
     ],
 )
 def test_each_mistake_names_its_line_and_field(tmp_path: Path, redis: str, expected: str) -> None:
     message = failure(tmp_path, redis, {"P": PASSWORD})
     assert message.startswith(expected), message
+
+
+def test_more_cluster_nodes_load_and_leave_the_deployment_name_alone(tmp_path: Path) -> None:
+    from cdc.cleanup_job import deployment_name
+
+    plain = load(tmp_path, "url: redis://127.0.0.1:7000\ncluster: true\n")
+    seeded = load(
+        tmp_path, "url: redis://127.0.0.1:7000\ncluster: true\ncluster_nodes: ['a:7001', '[::1]:7002']\n"
+    )
+    assert seeded.redis.cluster_nodes == (("a", 7001), ("::1", 7002))  # type: ignore[attr-defined]
+    assert deployment_name(seeded.redis) == deployment_name(plain.redis)  # type: ignore[attr-defined]
 
 
 def test_durability_loads_with_a_cluster(tmp_path: Path) -> None:

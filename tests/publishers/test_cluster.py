@@ -5,6 +5,7 @@ flushed on one node is re-loaded, and messages go out with SPUBLISH."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
 
 import orjson
 import pytest
@@ -13,6 +14,8 @@ from redis.asyncio.cluster import RedisCluster
 
 from cdc.config import RedisConfig
 from cdc.devservers import RedisCluster as DevCluster
+from cdc.devservers import free_port
+from cdc.errors import ConnectError
 from publishers import control
 from publishers.errors import RedisUnavailable
 from publishers.failover import serving_primaries
@@ -181,3 +184,28 @@ def test_a_slot_claimed_twice_belongs_to_the_higher_config_epoch() -> None:
         ]
     )
     assert serving_primaries(parse_cluster_nodes(view)) == (frozenset({"b", "c", "d"}), 7)
+
+
+async def test_more_cluster_nodes_find_the_cluster_when_the_urls_node_does_not_answer(
+    redis_cluster_url: str, namespace: str
+) -> None:
+    """The url's node died or is being replaced: a sidecar starting meanwhile
+    finds the cluster through ``redis.cluster_nodes`` (a stranger's pass: every
+    command exited 3 while the rest of the cluster served)."""
+    live = urlsplit(redis_cluster_url)
+    dead = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    with pytest.raises(ConnectError):
+        gone = await DataManager.connect(RedisConfig(url=dead, cluster=True, namespace=namespace))
+        await gone.close()
+    seeded = RedisConfig(
+        url=dead,
+        cluster=True,
+        namespace=namespace,
+        cluster_nodes=((str(live.hostname), int(live.port or 0)),),
+    )
+    manager = await DataManager.connect(seeded)
+    try:
+        await manager.apply([change("p1", "s", "7", 1)])
+        assert await manager.client.hget(manager.layout.document("p1", "s", "7"), "@v") == b"1"
+    finally:
+        await manager.close()
