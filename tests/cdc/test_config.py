@@ -196,6 +196,8 @@ def test_the_schema_defaults_are_the_typed_defaults(load: Load) -> None:
             elif key == "health":
                 host, port = expected.split(":")
                 expected = (host, int(port))
+            elif isinstance(expected, list):  # a list in YAML, a tuple loaded
+                expected = tuple(expected)
             assert getattr(loaded, key) == expected, f"{section}.{key}"
     entry = schema["properties"]["tables"]["items"]["properties"]
     assert config.tables[0].operations == frozenset(entry["operations"]["default"])
@@ -546,7 +548,8 @@ def test_an_unknown_key_in_redis(fail: Fail) -> None:
     assert fail(text) == Failure(
         8,
         "redis.stream_maxlen",
-        "unknown key stream_maxlen (allowed: cluster, durability, namespace, sentinel, stream_max_len, tombstone_ttl, url)",
+        "unknown key stream_maxlen (allowed: cluster, cluster_nodes, durability, namespace, sentinel, stream_max_len,"
+        " tombstone_ttl, url)",
     )
 
 
