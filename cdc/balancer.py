@@ -173,6 +173,7 @@ class Balancer:
             return
         log.error("Redis lost its data (restarted empty?): re-snapshotting every table")
         self._epoch = current
+        self.pipeline.manager.forget_registrations()
         for tracker in self.owned():
             tracker.request_snapshot("Redis lost its data")
         self._leases_wiped = True
@@ -210,6 +211,7 @@ class Balancer:
             "re-snapshotting every table",
             extra={"failover": changed},
         )
+        self.pipeline.manager.forget_registrations()
         self._repair_due = True
         await self._request_repair()
 

@@ -202,6 +202,10 @@ class Applier:
             "SPUBLISH" if config.cluster else "PUBLISH",
         )
 
+    def forget_registrations(self) -> None:
+        """Register every partition again from the next batch on (``PartitionSets.forget``)."""
+        self._partition_sets.forget()
+
     async def apply(self, changes: Sequence[Change], *, now: datetime | None = None) -> ApplyResult:
         """Apply a batch: per partition in order, atomically per call.
 

@@ -29,12 +29,20 @@ when it restarts from its AOF alone, which loses nothing.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
 
 from publishers import redis_calls
 from publishers.manager import DataManager
+
+# Seconds a cluster node has to answer CLUSTER NODES. The client asks a node
+# at random, and one that does not answer (a replica SIGSTOPped) held the
+# lease round, renewals included, for the socket's 60 s: the leases ran out
+# and the tables stayed unowned that long (CI, a not-durable cluster
+# failover). A node answers in well under a millisecond on loopback.
+VIEW_TIMEOUT = 2.0
 
 
 class FailoverWatch:
@@ -84,7 +92,11 @@ class FailoverWatch:
     async def _primaries(self) -> tuple[frozenset[str], int]:
         client, url = self.manager.client, self.manager.config.url
         if isinstance(client, RedisCluster):
-            nodes = await redis_calls.call(client.cluster_nodes(), url)
+            try:  # read-only: abandoning it is harmless
+                async with asyncio.timeout(VIEW_TIMEOUT):
+                    nodes = await client.cluster_nodes()
+            except (TimeoutError, *redis_calls.REDIS_ERRORS):
+                return frozenset(), 0  # no view this round: the next asks another node
             return serving_primaries(nodes)
         info = await redis_calls.call(client.info("replication"), url)
         replid = str(info.get("master_replid", ""))

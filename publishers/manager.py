@@ -77,13 +77,9 @@ class DataManager:
         self.max_changes_per_call = max(1, max_changes_per_call)
         self._owns_client = owns_client
         self._applier = Applier(
-            client,
-            config,
-            self.layout,
-            reject=self._reject,
-            max_row_bytes=max_row_bytes,
+            client, config, self.layout, reject=self._reject, max_row_bytes=max_row_bytes,
             max_changes_per_call=max_changes_per_call,
-        )
+        )  # fmt: skip
         self._documents = Documents(client, self.layout, config.url)
         self._cap = _DeadLetterCap(client, self.layout.deadletter(), config.url)
         self._acks = Acknowledgements(config.durability, self.layout)  # confirm()'s WAIT
@@ -128,6 +124,10 @@ class DataManager:
         those of a content failure in ``rejected`` (the dead letter).
         """
         return await self._applier.apply(changes, now=now)
+
+    def forget_registrations(self) -> None:
+        """Register every partition again (``PartitionSets.forget``): a failover, a wipe."""
+        self._applier.forget_registrations()
 
     @property
     def _sha(self) -> str:

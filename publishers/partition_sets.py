@@ -125,6 +125,17 @@ class PartitionSets:
         self._known |= registered
         self._sections |= {section for section, _ in registered}
 
+    def forget(self) -> None:
+        """Forget every pair registered: Redis failed over to a replica that
+        may lack the last registrations, or lost its data. The next batches
+        register their pairs again (one round trip each until known), or a
+        partition registered before and written again after would stay out
+        of its set for good: its documents invisible to sweeps and to the
+        readers that list a section's partitions (CI: a not-durable cluster
+        failover, rows deleted before the repair snapshot and inserted after)."""
+        self._known.clear()
+        self._sections.clear()
+
     async def registrations_lost(self, pairs: set[Pair], registered: set[Pair]) -> None:
         """The partitions of ``pairs`` started their ``@seq`` from 0: they are
         new (``registered`` by this batch), or Redis lost its data (restarted
