@@ -43,6 +43,7 @@ from publishers.manager import DataManager
 # and the tables stayed unowned that long (CI, a not-durable cluster
 # failover). A node answers in well under a millisecond on loopback.
 VIEW_TIMEOUT = 2.0
+_VIEW_ERRORS: tuple[type[BaseException], ...] = (TimeoutError, *redis_calls.REDIS_ERRORS)
 
 
 class FailoverWatch:
@@ -95,7 +96,7 @@ class FailoverWatch:
             try:  # read-only: abandoning it is harmless
                 async with asyncio.timeout(VIEW_TIMEOUT):
                     nodes = await client.cluster_nodes()
-            except (TimeoutError, *redis_calls.REDIS_ERRORS):
+            except _VIEW_ERRORS:
                 return frozenset(), 0  # no view this round: the next asks another node
             return serving_primaries(nodes)
         info = await redis_calls.call(client.info("replication"), url)
