@@ -38,10 +38,10 @@ from publishers import redis_calls
 from publishers.manager import DataManager
 
 # Seconds a cluster node has to answer CLUSTER NODES. The client asks a node
-# at random, and one that does not answer (a replica SIGSTOPped) held the
-# lease round, renewals included, for the socket's 60 s: the leases ran out
-# and the tables stayed unowned that long (CI, a not-durable cluster
-# failover). A node answers in well under a millisecond on loopback.
+# at random, and one that does not answer (a replica SIGSTOPped) would hold
+# the lease round, renewals included, for the socket's 60 s: the leases run
+# out and the tables stay unowned that long (a suspect in a CI failure of
+# the not-durable cluster failover; docs/RELIABILITY.md).
 VIEW_TIMEOUT = 2.0
 _VIEW_ERRORS: tuple[type[BaseException], ...] = (TimeoutError, *redis_calls.REDIS_ERRORS)
 
