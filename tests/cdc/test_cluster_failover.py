@@ -216,7 +216,11 @@ async def sigkill_a_primary(
     os.kill(replica.proc.pid, signal.SIGSTOP)
     try:
         await wait_for(lambda: unreplicated(victim), 30, "the primary to hold writes its replica lacks")
-        before, documents_before = seqs(victim.port), documents(victim.port)
+        # off the event loop, which is the daemon's too: read synchronously, a
+        # scan of every key held the daemon past its leases under load
+        before, documents_before = await asyncio.to_thread(
+            lambda: (seqs(victim.port), documents(victim.port))
+        )
         victim.kill()
     finally:
         os.kill(replica.proc.pid, signal.SIGCONT)
@@ -227,7 +231,7 @@ async def sigkill_a_primary(
         await wait_for(lambda: has_role(replica.port, "master"), 45, "the replica to be promoted")
     except AssertionError as exc:
         raise AssertionError(f"{exc}; the replica's view: {cluster_nodes(replica.port)}") from None
-    victim.start()
+    await asyncio.to_thread(victim.start)  # (it waits for the port: up to 20 s)
     await wait_for(lambda: has_role(victim.port, "slave"), 45, "the killed primary to rejoin as a replica")
     return lost, lost_documents(documents_before, documents_after)
 
