@@ -212,8 +212,7 @@ class Balancer:
             extra={"failover": changed},
         )
         self.pipeline.manager.forget_registrations()
-        self._repair_due = True
-        await self._request_repair()
+        self._repair_due = True  # written by _request_repair, next in the round
 
     async def _request_repair(self) -> None:
         """Ask, through Redis, for a snapshot of every table of the config:

@@ -30,6 +30,17 @@ def requests_of(manager: DataManager) -> SnapshotRequests:
     return SnapshotRequests(manager, TABLE, wake=lambda: None)
 
 
+async def cdc_snapshot_asked(manager: DataManager) -> tuple[SnapshotRequests, str]:
+    """``cdc snapshot`` stored a request, and the balancer forwarded it: the
+    tracker's requests, and the stored text."""
+    await control.request_snapshot(manager, TABLE)
+    stored = await control.snapshot_request(manager, TABLE)
+    assert stored is not None
+    requests = requests_of(manager)
+    assert requests.ask("requested by cdc snapshot", stored=stored)
+    return requests, stored
+
+
 async def test_a_request_made_while_a_snapshot_runs_is_another_snapshot_after_it(
     manager: DataManager,
 ) -> None:
@@ -51,10 +62,7 @@ async def test_a_request_made_while_a_snapshot_runs_is_another_snapshot_after_it
 async def test_the_stored_request_a_snapshot_serves_is_one_snapshot_and_is_removed(
     manager: DataManager,
 ) -> None:
-    await control.request_snapshot(manager, TABLE)
-    stored = await control.snapshot_request(manager, TABLE)
-    requests = requests_of(manager)
-    assert requests.ask("requested by cdc snapshot", stored=stored)
+    requests, stored = await cdc_snapshot_asked(manager)
 
     async def snapshot(reason: str) -> None:  # the balancer forwards it every round meanwhile
         assert not requests.ask("requested by cdc snapshot", stored=stored)
@@ -65,10 +73,7 @@ async def test_the_stored_request_a_snapshot_serves_is_one_snapshot_and_is_remov
 
 
 async def test_a_stored_request_made_while_a_snapshot_runs_outlives_it(manager: DataManager) -> None:
-    await control.request_snapshot(manager, TABLE)
-    first = await control.snapshot_request(manager, TABLE)
-    requests = requests_of(manager)
-    requests.ask("requested by cdc snapshot", stored=first)
+    requests, first = await cdc_snapshot_asked(manager)
 
     async def snapshot(reason: str) -> None:
         await asyncio.sleep(0.01)  # (time.time() moves: another text)
@@ -81,10 +86,7 @@ async def test_a_stored_request_made_while_a_snapshot_runs_outlives_it(manager: 
 
 
 async def test_a_snapshot_that_fails_keeps_its_request(manager: DataManager) -> None:
-    await control.request_snapshot(manager, TABLE)
-    stored = await control.snapshot_request(manager, TABLE)
-    requests = requests_of(manager)
-    requests.ask("requested by cdc snapshot", stored=stored)
+    requests, stored = await cdc_snapshot_asked(manager)
 
     async def snapshot(reason: str) -> None:
         raise SourceUnavailable("the database went away (test)")
