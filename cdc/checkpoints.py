@@ -37,6 +37,14 @@ class CheckpointKeeper:
         # moves the table's replication slot up to it: cdc.sources.postgres_logical)
         self.on_stored: Callable[[str, int], None] | None = None
 
+    async def load(self) -> Checkpoint | None:
+        """Read the table's checkpoint as Redis holds it now (a previous owner
+        may have advanced it) and go on from it if it is a streaming one;
+        return what was read (None: none)."""
+        checkpoint = await self.redis.observe(self.manager.get_checkpoint(self.table))
+        self.reset(checkpoint if checkpoint is not None and checkpoint.state == "streaming" else None)
+        return checkpoint
+
     def reset(self, stored: Checkpoint | None) -> None:
         """Go on from ``stored``, the streaming checkpoint Redis holds (None: none)."""
         position = None if stored is None else stored.version

@@ -131,6 +131,7 @@ class ChangeTracker:
         self.feeder = RowFeeder(self.describer, worker=worker, manager=manager, metrics=metrics)
         self._describe_request: str | None = "not described yet"
         self._shape_checked = False  # the stored shape compared with the described one
+        self._checkpoint_read = False  # since taken (``start``)
         self.requests = SnapshotRequests(manager, self.table, self.wake.set)  # the snapshot owed
         self._expired = 0  # TrackingExpired in a row, no step succeeding in between
         self.stop_event: asyncio.Event = _StopEvent(self.wake)
@@ -160,20 +161,23 @@ class ChangeTracker:
 
     async def start(self, fence: int = 0) -> None:
         """Take the table on, holding a lease with fencing token ``fence`` (0:
-        unfenced), from its checkpoint as it is now in Redis: a previous owner
-        may have advanced it."""
+        unfenced). Its checkpoint (a previous owner may have advanced it) is read
+        at the first step (``resume``): a damaged one degrades the table, not the sidecar."""
         self.checkpoints.fence = fence
         if self.describer.mapper is not None:
             self.describer.mapper.fence = fence
         self.stop_event = _StopEvent(self.wake)
         self.caught_up.clear()
         self._shape_checked = False  # another owner may have written the documents meanwhile
-        checkpoint = await self.redis.observe(self.manager.get_checkpoint(self.table))
-        stored = checkpoint if checkpoint is not None and checkpoint.state == "streaming" else None
-        self.position = None if stored is None else stored.version
-        self.checkpoints.reset(stored)
-        self.requests.pending = self.requests.pending or _unfinished_snapshot(checkpoint)
+        self.checkpoints.reset(None)
+        self.position, self._checkpoint_read = None, False
         self.gauges.running()
+
+    async def resume(self) -> None:
+        """Go on from the checkpoint as Redis holds it now: the first step after ``start``."""
+        checkpoint = await self.checkpoints.load()
+        self.position, self._checkpoint_read = self.applied, True
+        self.requests.pending = self.requests.pending or _unfinished_snapshot(checkpoint)
 
     def request_snapshot(self, reason: str, *, stored: str | None = None, distrust: bool = False) -> None:
         """Re-snapshot at the next step (``cdc.snapshot_requests``: ``stored``
@@ -221,6 +225,8 @@ class ChangeTracker:
         retry's wait)."""
         if stop.is_set():
             return None
+        if not self._checkpoint_read:
+            await self.resume()
         if self._describe_request is not None:
             await self._describe()
         if not self._shape_checked:
@@ -235,12 +241,11 @@ class ChangeTracker:
         return not found and await self.checkpoints.all_applied()
 
     async def _describe(self) -> None:
-        """Describe the table (again); snapshot it at this step if its
-        documents no longer fit it."""
+        """Describe the table (again); snapshot it at this step if its documents no longer fit it."""
         reason = await self.describer.describe()
         self._describe_request = None
         assert self.describer.info is not None and self.describer.mapper is not None
-        self.describer.mapper.fence = self.fence
+        self.describer.mapper.fence = self.checkpoints.fence
         if reason is not None and self.position is not None:
             self.requests.pending = self.requests.pending or reason
         self._shape_checked = False
@@ -302,7 +307,9 @@ class ChangeTracker:
         self.health.state = "snapshotting"
         self.caught_up.clear()
         await self.checkpoints.complete(block=True)
-        await self.manager.set_checkpoint(self.table, self.applied or 0, "snapshotting", fence=self.fence)
+        await self.manager.set_checkpoint(
+            self.table, self.applied or 0, "snapshotting", fence=self.checkpoints.fence
+        )
         self.health.recovered()  # described, and Redis answers: an earlier failure is over
         assert self.info is not None
         shape = self.describer.shape
@@ -314,21 +321,15 @@ class ChangeTracker:
         log.info("snapshot done", extra={"table": self.table, "rows": self.progress.rows, "version": version})
 
     @property
-    def fence(self) -> int:
-        """The fencing token of the lease this tracker works under (0: none)."""
-        return self.checkpoints.fence
-
-    @property
     def progress(self) -> SnapshotProgress:
         return self.loader.progress
 
     # -- failures --------------------------------------------------------------
 
     def _failed(self, retry_state: RetryCallState) -> None:
-        """A step failed: the table is degraded until one succeeds. Unless
-        the source or Redis is merely away, describe the table again first,
-        and read again from what Redis holds (the reads that ran ahead may
-        never be applied: a damaged key refused them, say)."""
+        """A step failed: the table is degraded until one succeeds. Unless the source or
+        Redis is merely away, describe the table again first, and read again from what
+        Redis holds (the reads that ran ahead may never be applied: a damaged key refused them)."""
         assert retry_state.outcome is not None
         error = retry_state.outcome.exception()
         assert error is not None

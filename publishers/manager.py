@@ -206,13 +206,14 @@ class DataManager:
     # -- checkpoints and heartbeats ---------------------------------------------
 
     async def get_checkpoint(self, table: str) -> Checkpoint | None:
-        """The table's stored checkpoint, or None. ``CdcError`` when the key is
-        damaged (another type, no decimal ``version``): it names the key."""
+        """The table's stored checkpoint; None if none, or if the hash lacks ``version`` (a request or
+        a snapshot's progress written after a wipe or a failover took the key). ``CdcError`` when
+        the key is damaged (another type, a ``version`` not decimal): it names the key."""
         key = self.layout.checkpoint(table)
         raw = await self._call(self.client.hgetall(key))
-        if not raw:
-            return None
         fields = {redis_calls.text(k): redis_calls.text(v) for k, v in raw.items()}
+        if "version" not in fields:
+            return None
         state: Literal["snapshotting", "streaming"] = (
             "snapshotting" if fields.get("state") == "snapshotting" else "streaming"
         )

@@ -469,6 +469,7 @@ async def test_the_lag_counts_from_a_stored_checkpoint_until_a_read_is_applied(
     await daemon.pipeline.open(strict=False)
     tracker = daemon.pipeline.tracker("mem.a")
     await tracker.start()
+    await tracker.resume()
     tracker.gauges.refresh(None, tracker.info, tracker.position)
     lag = value(rendered(daemon), "cdc_lag_seconds", table="mem.a")
     assert lag is not None and 3590 < lag < 3700

@@ -264,6 +264,7 @@ class Owner:
         assert token is not None
         tracker = self.pipeline.tracker(table)
         await tracker.start(token)
+        await tracker.resume()
         return tracker
 
 

@@ -23,6 +23,7 @@ from cdc import tracker as tracker_module
 from cdc.config import Config, parse_config
 from cdc.daemon import Daemon
 from cdc.sources.memory import MemorySource
+from publishers import control
 from publishers.layout import Layout
 from publishers.manager import DataManager
 from publishers.retrying import equal_jitter
@@ -306,6 +307,56 @@ async def test_a_damaged_partition_degrades_its_table_until_repaired(
     await redis_client.set(seq, good)
     await wait_for(lambda: sidecar.mirrored(ITEMS), DEADLINE, "the blocked changes, once repaired")
     await wait_for(lambda: sidecar.recovered(ITEMS), DEADLINE, "items recovered")
+
+
+async def test_a_damaged_checkpoint_degrades_its_table_until_deleted(
+    source: MemorySource, redis_url: str, namespace: str
+) -> None:
+    """The checkpoint is read when the table is taken: a damaged one once
+    ended the whole sidecar there (a failover's request written where the
+    new primary lacked the checkpoint read as one)."""
+    cfg = config(redis_url, namespace)
+    async with await DataManager.connect(cfg.redis) as manager:
+        key = manager.layout.checkpoint(ITEMS)
+        await manager.client.hset(key, mapping={"version": "x", "state": "streaming"})
+    await source.tracking_enable(list(cfg.tables))
+    daemon = Daemon(cfg, source=source, worker_id="w1")
+    task = asyncio.create_task(daemon.run(), name="sidecar")
+    async with await DataManager.connect(cfg.redis) as manager:
+        sidecar = Sidecar(source, daemon, task, manager)
+        try:
+            await wait_for(lambda: sidecar.mirrored(OTHER), DEADLINE, "the other table mirrored")
+            await wait_for(
+                lambda: sidecar.is_degraded(ITEMS, f"{key} field version holds 'x'"),
+                DEADLINE,
+                "items degraded",
+            )
+            await sidecar.streams()
+            assert not task.done()
+
+            await manager.client.delete(key)  # what the error says to do
+            await wait_for(
+                lambda: sidecar.mirrored(ITEMS), DEADLINE, "items snapshotted once the key is gone"
+            )
+            await wait_for(lambda: sidecar.recovered(ITEMS), DEADLINE, "items recovered")
+        finally:
+            daemon.request_stop()
+            await asyncio.wait_for(task, 30)
+
+
+async def test_a_checkpoint_holding_only_a_failovers_request_is_snapshotted(
+    source: MemorySource, redis_url: str, namespace: str
+) -> None:
+    cfg = config(redis_url, namespace)
+    async with await DataManager.connect(cfg.redis) as manager:
+        await manager.client.hset(manager.layout.checkpoint(ITEMS), "snapshot_requested", "failover 1.5")
+        async with start_sidecar(source, cfg) as sidecar:  # (it waits for both tables mirrored, streaming)
+
+            async def served() -> bool:
+                return await control.snapshot_request(manager, ITEMS) is None
+
+            await wait_for(served, DEADLINE, "the request served")
+            await sidecar.streams(ITEMS)
 
 
 async def test_a_change_made_while_no_sidecar_ran_is_followed_at_start_up(

@@ -84,6 +84,7 @@ class Rig:
         )
         await tracker.prepare()
         await tracker.start()
+        await tracker.resume()
         return tracker
 
     async def documents(self, table: str = ITEMS) -> dict[str, dict[str, Any]]:

@@ -214,6 +214,18 @@ async def test_a_damaged_checkpoint_names_its_key(manager: DataManager) -> None:
         await manager.get_checkpoint("dbo.items")
 
 
+async def test_a_checkpoint_hash_without_a_version_is_no_checkpoint(manager: DataManager) -> None:
+    """A failover without durability took the checkpoint with the old primary,
+    and the sidecar that saw it asked for a snapshot there: no checkpoint (the
+    table is snapshotted), not a damaged one."""
+    key = manager.layout.checkpoint("dbo.items")
+    await manager.client.hset(key, "snapshot_requested", "failover 1795489329.5")
+    assert await manager.get_checkpoint("dbo.items") is None
+    await manager.client.hset(key, "version", "")
+    with pytest.raises(CdcError, match=rf"{key} field version holds ''"):
+        await manager.get_checkpoint("dbo.items")
+
+
 def test_which_errors_block_a_partition() -> None:
     layout_error = rex.ResponseError("CDCLAYOUT ns:{p}:@seq does not hold an integer")
     assert (
