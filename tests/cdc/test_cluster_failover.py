@@ -77,6 +77,24 @@ async def is_primary(port: int) -> bool:
     return any("myself" in fields[2] and "master" in fields[2] for fields in nodes)
 
 
+async def manual_failover(replica: int, tries: int = 3) -> None:
+    """``CLUSTER FAILOVER`` on ``replica`` until it is a primary. Redis aborts
+    a manual failover the replica cannot finish within 5 s (its primary must
+    pause its clients and the replica catch up first); under CPU load that
+    happens (CI: not promoted within 30 s), and an operator tries again."""
+    for _ in range(tries):
+        failover = subprocess.run(
+            ["redis-cli", "-p", str(replica), "cluster", "failover"], capture_output=True, text=True
+        )
+        assert failover.stdout.strip() == "OK", failover
+        try:
+            await wait_for(lambda: is_primary(replica), 15, "the replica to take over its primary's slots")
+            return
+        except AssertionError:
+            continue
+    raise AssertionError(f"{tries} manual failovers, none done; the replica's view: {cluster_nodes(replica)}")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_a_manual_cluster_failover_under_write_load_loses_nothing(
@@ -100,12 +118,7 @@ async def test_a_manual_cluster_failover_under_write_load_loses_nothing(
     try:
         await wait_published_more(checking, namespace, 0, 30)  # type: ignore[arg-type]
         await wait_published_more(checking, namespace, await published(checking, namespace) + 100, 30)  # type: ignore[arg-type]
-        replica = a_replica(cluster)
-        failover = subprocess.run(
-            ["redis-cli", "-p", str(replica), "cluster", "failover"], capture_output=True, text=True
-        )
-        assert failover.stdout.strip() == "OK", failover
-        await wait_for(lambda: is_primary(replica), 30, "the replica to take over its primary's slots")
+        await manual_failover(a_replica(cluster))
         await wait_for(lambda: noticed(caplog), 30, "the sidecar to notice the failover")
         await wait_published_more(checking, namespace, await published(checking, namespace) + 100, 30)  # type: ignore[arg-type]
         writers.stop.set()
@@ -120,7 +133,7 @@ async def test_a_manual_cluster_failover_under_write_load_loses_nothing(
         writers.stop.set()
         await asyncio.gather(write_task, return_exceptions=True)
         daemon.request_stop()
-        await asyncio.wait_for(asyncio.gather(running, return_exceptions=True), 60)
+        await asyncio.wait_for(running, 60)  # the daemon's own error, if it ended with one
 
 
 async def noticed(caplog: pytest.LogCaptureFixture) -> int:
@@ -285,4 +298,4 @@ async def test_a_cluster_primary_sigkilled_under_write_load_loses_nothing(
         writers.stop.set()
         await asyncio.gather(write_task, return_exceptions=True)
         daemon.request_stop()
-        await asyncio.wait_for(asyncio.gather(running, return_exceptions=True), 60)
+        await asyncio.wait_for(running, 60)  # the daemon's own error, if it ended with one
