@@ -264,7 +264,10 @@ class Daemon:
     # -- housekeeping (every periodic job but the lease round is on the scheduler) --
 
     def _start_scheduler(self) -> None:
-        self.scheduler = AsyncIOScheduler()
+        # A run whose time came while the event loop was held up (CPU load) runs
+        # late, once: apscheduler's default grace of 1 s skipped it with a
+        # warning, and a skipped heartbeat could let the worker's key expire.
+        self.scheduler = AsyncIOScheduler(job_defaults={"misfire_grace_time": None, "coalesce": True})
         now = dt.datetime.now(dt.UTC)
         self.scheduler.add_job(
             self._heartbeat, "interval", seconds=self.config.worker.heartbeat, next_run_time=now
