@@ -79,6 +79,8 @@ async def validate(config: Config) -> int:
         for problem in problems:
             _print(f"error redis.url ({config.path}): {problem}")
         worst = max(worst, checks.REPLICA_EXIT if problems else 0)
+        for problem in await control.durability_problems(manager):  # a warning: a replica may be resyncing
+            _print(f"warn  redis.durability.replicas ({config.path}): {problem}")
         for table_config in config.tables:
             describer = Describer(table_config, source, config.worker.max_row_bytes)
             try:

@@ -323,14 +323,22 @@ async def primary_problems(manager: DataManager) -> list[str]:
 
 
 @_translated
+async def durability_problems(manager: DataManager) -> list[str]:
+    """Each primary with fewer replicas online than ``redis.durability`` waits for (``redis_checks``)."""
+    return await redis_checks.durability_problems(manager)
+
+
+@_translated
 async def doctor(manager: DataManager) -> list[Finding]:
-    """What will go wrong on the Redis side: a replica as the target, commands
-    the ACL user may not run (``redis_checks``), eviction, memory, version."""
+    """What will go wrong on the Redis side: a replica as the target, too few
+    replicas for ``redis.durability``, commands the ACL user may not run
+    (``redis_checks``), eviction, memory, version."""
     findings = []
     info = await manager.client.info("server")
     version = redis_calls.text(info.get("redis_version", "?")) if isinstance(info, dict) else "?"
     findings.append(Finding("ok", "redis", f"Redis {version} reachable"))
     findings += await redis_checks.primary_findings(manager)
+    findings += await redis_checks.durability_findings(manager)
     findings += await redis_checks.acl_findings(manager)
     policy = await manager.client.config_get("maxmemory-policy")
     value = redis_calls.text(next(iter(policy.values()), "noeviction")) if policy else "noeviction"

@@ -1,12 +1,18 @@
 """What ``cdc doctor`` and ``cdc validate`` check of the Redis target beyond
-reaching it: that it takes writes, and that the ACL user may run what the
-sidecar sends.
+reaching it: that it takes writes, that it has the replicas
+``redis.durability`` waits for, and that the ACL user may run what the sidecar
+sends.
 
 - **A primary.** A replica answers PING and every read, so it passed
   ``validate`` and ``doctor``; then every write fails (``READONLY You can't
   write against a read only replica``). ``INFO replication`` says ``role:master``
   or ``role:slave``; on a cluster every primary of the client's slot map is
   asked (the nodes it writes to).
+- **Enough replicas for ``redis.durability``.** Each primary's ``INFO
+  replication`` lists its replicas (``slaveN: ...,state=online``); with fewer
+  online than ``replicas``, WAIT never counts enough and every apply call
+  there fails after the timeout: ``doctor`` says so as an error, ``validate``
+  as a warning (a replica may be resyncing for a moment).
 - **The ACL.** ``ACL DRYRUN user command args...`` (Redis 7.0 and later) says
   whether the user may run a command with those keys and channels, without
   running it. It is asked for each command the sidecar sends, from Python and
@@ -19,6 +25,7 @@ sidecar sends.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
@@ -34,8 +41,9 @@ from publishers.redaction import for_display
 _P, _S, _T, _W = "p", "s", "schema.table", "worker"
 
 
-def sidecar_commands(layout: Layout, cluster: bool) -> list[tuple[str, ...]]:
-    """Every command the sidecar sends, with keys (and a channel) of ``layout``'s namespace."""
+def sidecar_commands(layout: Layout, cluster: bool, durable: bool = False) -> list[tuple[str, ...]]:
+    """Every command the sidecar sends, with keys (and a channel) of ``layout``'s
+    namespace; ``durable``: with ``redis.durability`` (a marker write, then WAIT)."""
     doc, index, seq = layout.document(_P, _S, "k"), layout.index(_P, _S), layout.seq(_P)
     stream, fence, checkpoint = layout.stream(_P), layout.fence(_P), layout.checkpoint(_T)
     lease, lease_fence = layout.lease(_T), layout.lease_fence(_T)
@@ -75,11 +83,30 @@ def sidecar_commands(layout: Layout, cluster: bool) -> list[tuple[str, ...]]:
         ("XADD", layout.deadletter(), "*", "table", _T),
         ("SET", f"{layout.namespace}:@epoch", "x", "NX"),
         ("TIME",),
-    ]
+    ] + ([("SET", layout.wait_marker(_P), "1", "PX", "60000"), ("WAIT", "1", "1000")] if durable else [])
 
 
 async def primary_problems(manager: DataManager) -> list[str]:
     """Each node the client writes to that is not a primary, in words; empty when all are."""
+    return [_not_primary(node, info) for node, info in await _replication(manager) if _role(info) != "master"]
+
+
+async def durability_problems(manager: DataManager) -> list[str]:
+    """Each primary with fewer replicas online than ``redis.durability.replicas``,
+    in words: WAIT cannot count them, so every apply call there fails after the
+    timeout (the batch retried, its checkpoint held) until it has them."""
+    durability = manager.config.durability
+    return [
+        f"{node} has {online} replica(s) online and redis.durability.replicas is {durability.replicas}: "
+        f"every apply call there fails after {durability.timeout:g} s (its changes wait, nothing is lost) "
+        "until enough replicas are online; add replicas or lower redis.durability.replicas"
+        for node, info in await _replication(manager)
+        if _role(info) == "master" and (online := _online_replicas(info)) < durability.replicas
+    ]
+
+
+async def _replication(manager: DataManager) -> list[tuple[str, dict[str, Any]]]:
+    """``INFO replication`` of each node the client writes to, by name."""
     client = manager.client
     if isinstance(client, RedisCluster):
         nodes = list(client.get_primaries())
@@ -87,15 +114,18 @@ async def primary_problems(manager: DataManager) -> list[str]:
             await redis_calls.call(client.info("replication", target_nodes=n), manager.config.url)
             for n in nodes
         ]
-        named = [(f"{n.host}:{n.port}", _single(r)) for n, r in zip(nodes, replies, strict=True)]
-    else:
-        named = [
-            (
-                for_display(manager.config.url),
-                await redis_calls.call(client.info("replication"), manager.config.url),
-            )
-        ]
-    return [_not_primary(node, info) for node, info in named if _role(info) != "master"]
+        return [(f"{n.host}:{n.port}", _single(r)) for n, r in zip(nodes, replies, strict=True)]
+    reply = await redis_calls.call(client.info("replication"), manager.config.url)
+    return [(for_display(manager.config.url), dict(reply))]
+
+
+def _online_replicas(info: dict[str, Any]) -> int:
+    """The replicas ``INFO replication`` lists as online (``slaveN: ...,state=online,...``)."""
+    return sum(
+        1
+        for name, value in info.items()
+        if re.fullmatch(r"slave\d+", str(name)) and isinstance(value, dict) and value.get("state") == "online"
+    )
 
 
 def _single(reply: Any) -> dict[str, Any]:
@@ -128,6 +158,16 @@ async def primary_findings(manager: DataManager) -> list[Finding]:
     return [Finding("error", "redis role", problem) for problem in problems]
 
 
+async def durability_findings(manager: DataManager) -> list[Finding]:
+    if manager.config.durability.replicas <= 0:
+        return []
+    problems = await durability_problems(manager)
+    if not problems:
+        wanted = manager.config.durability.replicas
+        return [Finding("ok", "redis durability", f"every primary has {wanted} or more replicas online")]
+    return [Finding("error", "redis durability", problem) for problem in problems]
+
+
 async def acl_findings(manager: DataManager) -> list[Finding]:
     """Which of the sidecar's commands the ACL user may not run (``ACL DRYRUN``),
     on each node it writes to (a cluster's ACLs are each node's own)."""
@@ -148,7 +188,9 @@ async def _node_acl(manager: DataManager, target: dict[str, Any]) -> list[Findin
             Finding("ok", "redis acl", f"not checked{where}: ACL WHOAMI was refused ({_first_line(whoami)})")
         ]
     user = redis_calls.text(whoami)
-    commands = sidecar_commands(manager.layout, manager.config.cluster)
+    commands = sidecar_commands(
+        manager.layout, manager.config.cluster, manager.config.durability.replicas > 0
+    )
     refused: list[str] = []
     for command in commands:
         ask = client.execute_command("ACL", "DRYRUN", user, *command, **target)

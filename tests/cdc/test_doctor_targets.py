@@ -105,6 +105,36 @@ async def test_a_replica_is_an_error_in_doctor_and_refused_by_validate(
     assert cdc("validate", "-c", str(path)).returncode == 0
 
 
+async def test_too_few_replicas_for_redis_durability_is_an_error_in_doctor_and_a_warning_in_validate(
+    tables: str, replica: RedisServer, postgres_dsn: str, namespace: str, redis_url: str, tmp_path: Path
+) -> None:
+    """The primary has one replica: ``durability.replicas: 2`` can never be
+    met (every apply call would fail after the timeout), ``1`` can."""
+    path = tmp_path / "t.yaml"
+    text = config_text(tables, postgres_dsn, redis_url, namespace)
+
+    def with_replicas(n: int) -> None:
+        path.write_text(
+            text.replace(f"  url: {redis_url}\n", f"  url: {redis_url}\n  durability: {{replicas: {n}}}\n")
+        )
+
+    with_replicas(2)
+    doctor = cdc("doctor", "-c", str(path), "--json")
+
+    assert doctor.returncode == 1, doctor.stdout + doctor.stderr
+    [durability] = findings(doctor)["redis durability"]
+    assert durability["level"] == "error"
+    assert "has 1 replica(s) online and redis.durability.replicas is 2" in durability["message"]
+    validate = cdc("validate", "-c", str(path))
+    assert validate.returncode == 0, validate.stdout + validate.stderr
+    assert f"warn  redis.durability.replicas ({path}): " in validate.stdout
+
+    with_replicas(1)
+    doctor = cdc("doctor", "-c", str(path), "--json")
+    assert [f["level"] for f in findings(doctor)["redis durability"]] == ["ok"], doctor.stdout
+    assert "redis.durability" not in cdc("validate", "-c", str(path)).stdout
+
+
 @pytest.fixture
 async def acl_user(redis_client: aioredis.Redis, namespace: str) -> AsyncIterator[str]:
     """A user of the fixture's Redis that may do everything on the namespace but XADD."""
@@ -138,6 +168,32 @@ async def test_doctor_names_the_commands_the_acl_user_may_not_run_and_never_the_
     )
     text = cdc("doctor", "-c", str(path))
     assert SECRET not in doctor.stdout + doctor.stderr + text.stdout + text.stderr
+
+
+async def test_with_redis_durability_doctor_checks_that_the_acl_user_may_wait(
+    tables: str,
+    redis_client: aioredis.Redis,
+    postgres_dsn: str,
+    namespace: str,
+    redis_url: str,
+    tmp_path: Path,
+) -> None:
+    name = f"cdc_{uuid.uuid4().hex[:8]}"
+    await redis_client.execute_command(
+        "ACL", "SETUSER", name, "on", f">{SECRET}", f"~{namespace}:*", "&*", "+@all", "-wait"
+    )
+    try:
+        url = redis_url.replace("redis://", f"redis://{name}:{SECRET}@")
+        path = tmp_path / "t.yaml"
+        text = config_text(tables, postgres_dsn, url, namespace)
+        path.write_text(text)
+        [acl] = findings(cdc("doctor", "-c", str(path), "--json"))["redis acl"]
+        assert acl["level"] == "ok", "without redis.durability the sidecar sends no WAIT"
+        path.write_text(text.replace("redis:\n", "redis:\n  durability: {replicas: 1, timeout: 100ms}\n", 1))
+        [acl] = findings(cdc("doctor", "-c", str(path), "--json"))["redis acl"]
+        assert acl["level"] == "error" and acl["extra"]["refused"] == ["WAIT"], acl
+    finally:
+        await redis_client.execute_command("ACL", "DELUSER", name)
 
 
 async def test_a_password_written_in_source_dsn_is_a_warning_that_never_shows_it(
