@@ -309,6 +309,7 @@ async def _snapshot_here(config: Config, tables: list[str], key_range: KeyRange 
                         f"{tracker.table} is owned by sidecar {await leases.holder(tracker.table)}; retry"
                     )
                 await tracker.start(token)
+                await tracker.resume()  # its checkpoint: a key range needs one to go on from
             with SnapshotProgressView(chosen) as view:
                 for tracker in chosen:
                     if key_range is not None and tracker.position is not None:
