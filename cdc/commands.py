@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -23,6 +24,9 @@ from publishers import control
 from publishers.gc_tuning import tune_gc
 from publishers.manager import DataManager
 from publishers.redaction import mask_passwords
+
+if TYPE_CHECKING:
+    from publishers.subscriber import Subscriber
 
 
 async def run_daemon(config: Config, *, once: bool = False) -> int:
@@ -341,9 +345,8 @@ async def subscribe(config: Config, partition: str, section: str | None, from_se
     manager = await DataManager.connect(config.redis)
     try:
         await check_subscription(config, manager, partition, section, from_seq)
-        subscriber = Subscriber(
-            manager.client, config.redis.namespace, partition, section, from_seq, on_reload=_reloaded
-        )
+        subscriber = Subscriber(manager.client, config.redis.namespace, partition, section, from_seq)
+        subscriber.on_reload = _LossNotice(subscriber)
         await subscriber.start()
         tune_gc()  # the loaded replica is frozen out of every collection
         async for entry in subscriber.entries():
@@ -368,13 +371,25 @@ def _print_text(text: bytes) -> None:
     out.flush()
 
 
-def _reloaded(seq: int) -> None:
-    """Said on stderr (stdout stays JSON lines): the messages before ``seq`` are lost to this reader."""
-    sys.stderr.write(
-        f"cdc subscribe: reloaded at seq {seq}: the partition's stream no longer holds the messages this "
-        "subscriber missed (trimmed, or Redis lost its data); messages go on from there\n"
-    )
-    sys.stderr.flush()
+class _LossNotice:
+    """``cdc subscribe``'s ``on_reload``: says on stderr (stdout stays JSON
+    lines) that the messages before ``seq`` are lost to this reader. Only for
+    the reloads nothing announced (``Subscriber.reloads``): at an ``R`` message
+    nothing is lost (the message itself is printed next)."""
+
+    def __init__(self, subscriber: Subscriber) -> None:
+        self.subscriber = subscriber
+        self.told = 0
+
+    def __call__(self, seq: int) -> None:
+        if self.subscriber.reloads == self.told:
+            return
+        self.told = self.subscriber.reloads
+        sys.stderr.write(
+            f"cdc subscribe: reloaded at seq {seq}: the partition's stream no longer holds the messages this "
+            "subscriber missed (trimmed, or Redis lost its data); messages go on from there\n"
+        )
+        sys.stderr.flush()
 
 
 # -- doctor --------------------------------------------------------------------

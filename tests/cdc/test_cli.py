@@ -127,6 +127,28 @@ async def test_subscribe_prints_json_lines_from_the_stream(tracked: Path, namesp
     assert [(m["seq"], m["op"], m["section"]) for m in lines] == [(1, "R", "lines")]
 
 
+async def test_subscribe_says_nothing_is_lost_only_when_something_is(tracked: Path) -> None:
+    """A snapshot while ``cdc subscribe`` follows: its ``R`` message makes the
+    client load the partition again, but nothing is lost to this reader (the
+    ``R`` is printed): no "reloaded" notice on stderr, which once said the
+    stream no longer held the missed messages."""
+    assert cdc("run", "-c", str(tracked), "--once").returncode == 0
+    command = [sys.executable, "-m", "cdc.cli", "subscribe", "-c", str(tracked), "--partition", "orders"]
+    proc = subprocess.Popen(
+        [*command, "--from-seq", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline())["seq"] == 1  # following now
+        assert cdc("snapshot", "-c", str(tracked)).returncode == 0
+        again = json.loads(proc.stdout.readline())
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=10)
+    assert (again["seq"], again["op"]) == (2, "R")
+    assert "reloaded" not in stderr, stderr
+
+
 async def test_subscribe_into_a_pipe_whose_reader_left_exits_0_without_a_traceback(
     tracked: Path, postgres_dsn: str, pg_schema: str
 ) -> None:
