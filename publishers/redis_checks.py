@@ -31,6 +31,7 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 
 from publishers import redis_calls
+from publishers.cluster_wait import marker_for
 from publishers.layout import Layout
 from publishers.manager import DataManager
 from publishers.model import Finding
@@ -83,7 +84,14 @@ def sidecar_commands(layout: Layout, cluster: bool, durable: bool = False) -> li
         ("XADD", layout.deadletter(), "*", "table", _T),
         ("SET", f"{layout.namespace}:@epoch", "x", "NX"),
         ("TIME",),
-    ] + ([("SET", layout.wait_marker(_P), "1", "PX", "60000"), ("WAIT", "1", "1000")] if durable else [])
+    ] + (_durable_commands(layout, cluster, checkpoint) if durable else [])
+
+
+def _durable_commands(layout: Layout, cluster: bool, checkpoint: str) -> list[tuple[str, ...]]:
+    """``redis.durability``'s: a marker write, then WAIT (on a cluster also the
+    marker in another key's slot: ``cluster_wait.marker_for``)."""
+    markers = [layout.wait_marker(_P)] + ([marker_for(layout.namespace, checkpoint)] if cluster else [])
+    return [("SET", marker, "1", "PX", "60000") for marker in markers] + [("WAIT", "1", "1000")]
 
 
 async def primary_problems(manager: DataManager) -> list[str]:
@@ -159,8 +167,8 @@ async def primary_findings(manager: DataManager) -> list[Finding]:
 
 
 async def durability_findings(manager: DataManager) -> list[Finding]:
-    if manager.config.durability.replicas <= 0:
-        return []
+    if manager.config.durability.replicas <= 0 or await primary_problems(manager):
+        return []  # (a replica as the target: its own error says what to fix first)
     problems = await durability_problems(manager)
     if not problems:
         wanted = manager.config.durability.replicas

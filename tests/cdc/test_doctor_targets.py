@@ -257,3 +257,27 @@ async def test_every_primary_of_a_cluster_is_asked(redis_cluster_url: str, names
     finally:
         await manager.close()
     assert found["redis role"].level == "ok" and found["redis acl"].level == "ok", found
+
+
+@pytest.mark.cluster
+async def test_on_a_cluster_each_primary_is_asked_for_its_replicas(
+    redis_cluster_url: str, namespace: str
+) -> None:
+    """The fixture's cluster has no replicas: ``durability.replicas: 1`` is an
+    error for each of its primaries; the ACL check with durability (WAIT and
+    both wait markers) passes for a user that may run everything."""
+    from publishers import control
+    from publishers.manager import DataManager
+    from publishers.settings import Durability, RedisConfig
+
+    settings = RedisConfig(url=redis_cluster_url, cluster=True, namespace=namespace, durability=Durability(1))
+    manager = await DataManager.connect(settings)
+    try:
+        findings = await control.doctor(manager)
+    finally:
+        await manager.close()
+    durability = [f for f in findings if f.subject == "redis durability"]
+    assert [f.level for f in durability] == ["error"] * 3, durability
+    assert all("has 0 replica(s) online" in f.message for f in durability)
+    acl = [f for f in findings if f.subject == "redis acl"]  # (one per primary)
+    assert [f.level for f in acl] == ["ok"] * 3, acl
