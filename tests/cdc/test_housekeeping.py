@@ -31,7 +31,7 @@ async def test_a_job_due_while_the_loop_was_held_up_runs_late_not_skipped(
     text = (
         "source:\n  kind: postgres\n  dsn: unused\n"
         f"redis:\n  url: {redis_url}\n  namespace: {namespace}\n"
-        "worker:\n  health: null\n  lease_ttl: 15s\n  heartbeat: 5s\n"
+        "worker:\n  health: null\n  lease_ttl: 6s\n  heartbeat: 2s\n"
         f"tables:\n  - table: {TABLE}\n    partition: p\n    section: items\n"
     )
     config = parse_config(text, "sidecar.yaml", {})

@@ -43,6 +43,9 @@ def pair() -> Iterator[tuple[RedisServer, RedisServer]]:
     for server in servers:
         if server.proc is not None:
             os.kill(server.proc.pid, signal.SIGCONT)
+    # the replica first: a primary stopped before a lagging replica waits for
+    # it up to shutdown-timeout (10 s: the teardown after a SIGSTOPped replica)
+    for server in reversed(servers):
         server.cleanup()
 
 
