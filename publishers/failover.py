@@ -30,12 +30,16 @@ when it restarts from its AOF alone, which loses nothing.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
+from redis import exceptions as rex
 from redis.asyncio.cluster import RedisCluster
 
 from publishers import redis_calls
 from publishers.manager import DataManager
+
+log = logging.getLogger("cdc.failover")
 
 # Seconds a cluster node has to answer CLUSTER NODES. The client asks a node
 # at random, and one that does not answer (a replica SIGSTOPped) would hold
@@ -55,6 +59,7 @@ class FailoverWatch:
         self.manager = manager
         self._seen: frozenset[str] = frozenset()
         self._epoch = 0
+        self._refused = False  # CLUSTER NODES denied by the ACL (said once)
 
     @property
     def watched(self) -> bool:
@@ -96,12 +101,26 @@ class FailoverWatch:
             try:  # read-only: abandoning it is harmless
                 async with asyncio.timeout(VIEW_TIMEOUT):
                     nodes = await client.cluster_nodes()
+            except rex.NoPermissionError as exc:
+                self._tell_refused(exc)
+                return frozenset(), 0
             except _VIEW_ERRORS:
                 return frozenset(), 0  # no view this round: the next asks another node
             return serving_primaries(nodes)
         info = await redis_calls.call(client.info("replication"), url)
         replid = str(info.get("master_replid", ""))
         return frozenset([replid] if replid else []), 0
+
+    def _tell_refused(self, exc: rex.NoPermissionError) -> None:
+        """Said once: an ACL that denies CLUSTER NODES hides every failover."""
+        if not self._refused:
+            self._refused = True
+            log.error(
+                "the Redis ACL user may not run CLUSTER NODES: failovers are not seen, so without "
+                "redis.durability what a failover loses is not repaired; allow +cluster|nodes "
+                "(cdc doctor checks it)",
+                extra={"error": str(exc)},
+            )
 
 
 def serving_primaries(nodes: dict[str, Any]) -> tuple[frozenset[str], int]:

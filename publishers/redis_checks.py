@@ -50,7 +50,7 @@ def sidecar_commands(layout: Layout, cluster: bool, durable: bool = False) -> li
     lease, lease_fence = layout.lease(_T), layout.lease_fence(_T)
     worker, workers, partitions = layout.worker(_W), layout.workers(), layout.partitions(_S)
     publish = "SPUBLISH" if cluster else "PUBLISH"
-    return [
+    commands: list[tuple[str, ...]] = [
         ("EVALSHA", "0" * 40, "1", doc),
         ("SCRIPT", "LOAD", "return 1"),
         # the apply script (lua/apply.lua)
@@ -84,7 +84,15 @@ def sidecar_commands(layout: Layout, cluster: bool, durable: bool = False) -> li
         ("XADD", layout.deadletter(), "*", "table", _T),
         ("SET", f"{layout.namespace}:@epoch", "x", "NX"),
         ("TIME",),
-    ] + (_durable_commands(layout, cluster, checkpoint) if durable else [])
+        ("MULTI",),  # the heartbeat's DEL, HSET and PEXPIRE are one transaction
+        ("EXEC",),
+        ("INFO", "replication"),  # at start (a replica is refused); behind sentinels, the failover watch
+    ]
+    if cluster:
+        commands.append(("CLUSTER", "NODES"))  # the failover watch: refused, no failover would be seen
+    if durable:
+        commands += _durable_commands(layout, cluster, checkpoint)
+    return commands
 
 
 def _durable_commands(layout: Layout, cluster: bool, checkpoint: str) -> list[tuple[str, ...]]:
@@ -207,7 +215,7 @@ async def _node_acl(manager: DataManager, target: dict[str, Any]) -> list[Findin
             return [Finding("ok", "redis acl", f"not checked{where}: {_dryrun_refused(reply)}")]
         answer = redis_calls.text(reply)
         if answer != "OK":
-            refused.append(f"{command[0]} ({answer})")
+            refused.append(f"{_acl_name(command)} ({answer})")
     if not refused:
         checked = f"{len(commands)} checked{where}"
         return [
@@ -225,6 +233,14 @@ async def _node_acl(manager: DataManager, target: dict[str, Any]) -> list[Findin
             {"refused": names, "fix": fix},
         )
     ]
+
+
+def _acl_name(command: tuple[str, ...]) -> str:
+    """How an ACL rule names ``command``: ``CLUSTER|NODES`` for a container's
+    subcommand (``+cluster|nodes`` allows that one only), else the command."""
+    if command[0] in ("CLUSTER", "SCRIPT") and len(command) > 1:
+        return f"{command[0]}|{command[1]}"
+    return command[0]
 
 
 def _dryrun_refused(exc: Exception) -> str:

@@ -196,6 +196,78 @@ async def test_with_redis_durability_doctor_checks_that_the_acl_user_may_wait(
         await redis_client.execute_command("ACL", "DELUSER", name)
 
 
+async def test_doctor_asks_for_the_heartbeats_transaction_and_says_when_info_is_refused(
+    tables: str,
+    redis_client: aioredis.Redis,
+    postgres_dsn: str,
+    namespace: str,
+    redis_url: str,
+    tmp_path: Path,
+) -> None:
+    """A user given the read, write, script, stream and pub/sub categories
+    lacks MULTI (@transaction): every heartbeat would fail. Doctor names it.
+    One denied INFO (the start-up's replica check) is told in one line."""
+    name = f"cdc_{uuid.uuid4().hex[:8]}"
+    path = tmp_path / "t.yaml"
+    url = redis_url.replace("redis://", f"redis://{name}:{SECRET}@")
+    path.write_text(config_text(tables, postgres_dsn, url, namespace))
+    base = ("on", f">{SECRET}", f"~{namespace}:*", "&*", "+@all")
+    try:
+        await redis_client.execute_command("ACL", "SETUSER", name, *base, "-multi")
+        [acl] = findings(cdc("doctor", "-c", str(path), "--json"))["redis acl"]
+        assert acl["level"] == "error" and acl["extra"]["refused"] == ["MULTI"], acl
+        assert acl["extra"]["fix"].endswith(" +multi"), acl
+
+        await redis_client.execute_command("ACL", "SETUSER", name, "reset", *base, "-info")
+        doctor = cdc("doctor", "-c", str(path))
+        assert doctor.returncode == 1 and "Traceback" not in doctor.stderr, doctor.stderr
+        assert (
+            "Redis refused a command: NoPermissionError: this user has no permissions to run the 'info' command"
+            in doctor.stderr
+        )
+        assert SECRET not in doctor.stdout + doctor.stderr
+    finally:
+        await redis_client.execute_command("ACL", "DELUSER", name)
+
+
+@pytest.mark.cluster
+async def test_on_a_cluster_doctor_asks_for_cluster_nodes(
+    redis_cluster_url: str, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The failover watch reads CLUSTER NODES: a user denied it would never
+    see a failover (the repair without durability would not run). Doctor
+    names it; the watch says so once, as an error, and goes on."""
+    from redis.asyncio.cluster import RedisCluster
+
+    from publishers import control
+    from publishers.failover import FailoverWatch
+    from publishers.manager import DataManager
+    from publishers.settings import RedisConfig
+
+    name = f"cdc_{uuid.uuid4().hex[:8]}"
+    admin = RedisCluster.from_url(redis_cluster_url)
+    rule = ("on", f">{SECRET}", "~*", "&*", "+@all", "-cluster|nodes")
+    await admin.execute_command("ACL", "SETUSER", name, *rule, target_nodes=RedisCluster.ALL_NODES)
+    try:
+        url = redis_cluster_url.replace("redis://", f"redis://{name}:{SECRET}@")
+        manager = await DataManager.connect(RedisConfig(url=url, cluster=True, namespace=namespace))
+        try:
+            acl = [f for f in await control.doctor(manager) if f.subject == "redis acl"]
+            watch = FailoverWatch(manager)
+            await watch.start()
+            assert await watch.check() is None and await watch.check() is None
+        finally:
+            await manager.close()
+        told = [r for r in caplog.records if r.name == "cdc.failover"]
+        assert [r.levelname for r in told] == ["ERROR"], told
+        assert "may not run CLUSTER NODES: failovers are not seen" in told[0].getMessage()
+        assert [f.extra["refused"] for f in acl] == [["CLUSTER|NODES"]] * 3, acl
+        assert all(f.extra["fix"].endswith(" +cluster|nodes") for f in acl)
+    finally:
+        await admin.acl_deluser(name, target_nodes=RedisCluster.ALL_NODES)
+        await admin.aclose()
+
+
 async def test_a_password_written_in_source_dsn_is_a_warning_that_never_shows_it(
     tables: str, postgres_dsn: str, namespace: str, redis_url: str, tmp_path: Path
 ) -> None:
