@@ -36,6 +36,7 @@ from publishers.layout import Layout
 from publishers.manager import DataManager
 from publishers.model import Finding
 from publishers.redaction import for_display
+from publishers.settings import Durability
 
 # A partition, section, table and worker as the namespace's keys are shaped;
 # the values never matter to an ACL, only the key names do.
@@ -111,12 +112,15 @@ async def durability_problems(manager: DataManager) -> list[str]:
     """Each primary with fewer replicas online than ``redis.durability.replicas``,
     in words: WAIT cannot count them, so every apply call there fails after the
     timeout (the batch retried, its checkpoint held) until it has them."""
-    durability = manager.config.durability
+    return _short_of_replicas(await _replication(manager), manager.config.durability)
+
+
+def _short_of_replicas(named: list[tuple[str, dict[str, Any]]], durability: Durability) -> list[str]:
     return [
         f"{node} has {online} replica(s) online and redis.durability.replicas is {durability.replicas}: "
         f"every apply call there fails after {durability.timeout:g} s (its changes wait, nothing is lost) "
         "until enough replicas are online; add replicas or lower redis.durability.replicas"
-        for node, info in await _replication(manager)
+        for node, info in named
         if _role(info) == "master" and (online := _online_replicas(info)) < durability.replicas
     ]
 
@@ -175,12 +179,16 @@ async def primary_findings(manager: DataManager) -> list[Finding]:
 
 
 async def durability_findings(manager: DataManager) -> list[Finding]:
-    if manager.config.durability.replicas <= 0 or await primary_problems(manager):
+    durability = manager.config.durability
+    if durability.replicas <= 0:
+        return []
+    named = await _replication(manager)
+    if any(_role(info) != "master" for _, info in named):
         return []  # (a replica as the target: its own error says what to fix first)
-    problems = await durability_problems(manager)
+    problems = _short_of_replicas(named, durability)
     if not problems:
-        wanted = manager.config.durability.replicas
-        return [Finding("ok", "redis durability", f"every primary has {wanted} or more replicas online")]
+        ok = f"every primary has {durability.replicas} or more replicas online"
+        return [Finding("ok", "redis durability", ok)]
     return [Finding("error", "redis durability", problem) for problem in problems]
 
 
