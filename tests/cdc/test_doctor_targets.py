@@ -10,6 +10,7 @@ config file's secrets, as a user runs them:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -135,21 +136,34 @@ async def test_too_few_replicas_for_redis_durability_is_an_error_in_doctor_and_a
     assert "redis.durability" not in cdc("validate", "-c", str(path)).stdout
 
 
+@contextlib.asynccontextmanager
+async def denied_user(client: aioredis.Redis, namespace: str, *denied: str) -> AsyncIterator[str]:
+    """A user of ``client``'s Redis (password SECRET) that may do everything on
+    the namespace but the ``denied`` rules (``"-xadd"``); its name."""
+    name = f"cdc_{uuid.uuid4().hex[:8]}"
+    rules = ("on", f">{SECRET}", f"~{namespace}:*", "&*", "+@all", *denied)
+    await client.execute_command("ACL", "SETUSER", name, *rules)
+    try:
+        yield name
+    finally:
+        await client.execute_command("ACL", "DELUSER", name)
+
+
+def as_user(url: str, name: str) -> str:
+    return url.replace("redis://", f"redis://{name}:{SECRET}@")
+
+
 @pytest.fixture
 async def acl_user(redis_client: aioredis.Redis, namespace: str) -> AsyncIterator[str]:
     """A user of the fixture's Redis that may do everything on the namespace but XADD."""
-    name = f"cdc_{uuid.uuid4().hex[:8]}"
-    await redis_client.execute_command(
-        "ACL", "SETUSER", name, "on", f">{SECRET}", f"~{namespace}:*", "&*", "+@all", "-xadd"
-    )
-    yield name
-    await redis_client.execute_command("ACL", "DELUSER", name)
+    async with denied_user(redis_client, namespace, "-xadd") as name:
+        yield name
 
 
 async def test_doctor_names_the_commands_the_acl_user_may_not_run_and_never_the_password(
     tables: str, acl_user: str, postgres_dsn: str, namespace: str, redis_url: str, tmp_path: Path
 ) -> None:
-    url = redis_url.replace("redis://", f"redis://{acl_user}:{SECRET}@")
+    url = as_user(redis_url, acl_user)
     path = tmp_path / "t.yaml"
     path.write_text(config_text(tables, postgres_dsn, url, namespace))
 
@@ -178,22 +192,15 @@ async def test_with_redis_durability_doctor_checks_that_the_acl_user_may_wait(
     redis_url: str,
     tmp_path: Path,
 ) -> None:
-    name = f"cdc_{uuid.uuid4().hex[:8]}"
-    await redis_client.execute_command(
-        "ACL", "SETUSER", name, "on", f">{SECRET}", f"~{namespace}:*", "&*", "+@all", "-wait"
-    )
-    try:
-        url = redis_url.replace("redis://", f"redis://{name}:{SECRET}@")
+    async with denied_user(redis_client, namespace, "-wait") as name:
         path = tmp_path / "t.yaml"
-        text = config_text(tables, postgres_dsn, url, namespace)
+        text = config_text(tables, postgres_dsn, as_user(redis_url, name), namespace)
         path.write_text(text)
         [acl] = findings(cdc("doctor", "-c", str(path), "--json"))["redis acl"]
         assert acl["level"] == "ok", "without redis.durability the sidecar sends no WAIT"
         path.write_text(text.replace("redis:\n", "redis:\n  durability: {replicas: 1, timeout: 100ms}\n", 1))
         [acl] = findings(cdc("doctor", "-c", str(path), "--json"))["redis acl"]
         assert acl["level"] == "error" and acl["extra"]["refused"] == ["WAIT"], acl
-    finally:
-        await redis_client.execute_command("ACL", "DELUSER", name)
 
 
 async def test_doctor_asks_for_the_heartbeats_transaction_and_says_when_info_is_refused(
@@ -207,18 +214,15 @@ async def test_doctor_asks_for_the_heartbeats_transaction_and_says_when_info_is_
     """A user given the read, write, script, stream and pub/sub categories
     lacks MULTI (@transaction): every heartbeat would fail. Doctor names it.
     One denied INFO (the start-up's replica check) is told in one line."""
-    name = f"cdc_{uuid.uuid4().hex[:8]}"
     path = tmp_path / "t.yaml"
-    url = redis_url.replace("redis://", f"redis://{name}:{SECRET}@")
-    path.write_text(config_text(tables, postgres_dsn, url, namespace))
-    base = ("on", f">{SECRET}", f"~{namespace}:*", "&*", "+@all")
-    try:
-        await redis_client.execute_command("ACL", "SETUSER", name, *base, "-multi")
+    async with denied_user(redis_client, namespace, "-multi") as name:
+        path.write_text(config_text(tables, postgres_dsn, as_user(redis_url, name), namespace))
         [acl] = findings(cdc("doctor", "-c", str(path), "--json"))["redis acl"]
         assert acl["level"] == "error" and acl["extra"]["refused"] == ["MULTI"], acl
         assert acl["extra"]["fix"].endswith(" +multi"), acl
 
-        await redis_client.execute_command("ACL", "SETUSER", name, "reset", *base, "-info")
+    async with denied_user(redis_client, namespace, "-info") as name:
+        path.write_text(config_text(tables, postgres_dsn, as_user(redis_url, name), namespace))
         doctor = cdc("doctor", "-c", str(path))
         assert doctor.returncode == 1 and "Traceback" not in doctor.stderr, doctor.stderr
         assert (
@@ -226,8 +230,6 @@ async def test_doctor_asks_for_the_heartbeats_transaction_and_says_when_info_is_
             in doctor.stderr
         )
         assert SECRET not in doctor.stdout + doctor.stderr
-    finally:
-        await redis_client.execute_command("ACL", "DELUSER", name)
 
 
 @pytest.mark.cluster
@@ -249,7 +251,7 @@ async def test_on_a_cluster_doctor_asks_for_cluster_nodes(
     rule = ("on", f">{SECRET}", "~*", "&*", "+@all", "-cluster|nodes")
     await admin.execute_command("ACL", "SETUSER", name, *rule, target_nodes=RedisCluster.ALL_NODES)
     try:
-        url = redis_cluster_url.replace("redis://", f"redis://{name}:{SECRET}@")
+        url = as_user(redis_cluster_url, name)
         manager = await DataManager.connect(RedisConfig(url=url, cluster=True, namespace=namespace))
         try:
             acl = [f for f in await control.doctor(manager) if f.subject == "redis acl"]

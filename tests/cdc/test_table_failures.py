@@ -131,22 +131,29 @@ def source() -> MemorySource:
 
 
 @contextlib.asynccontextmanager
-async def start_sidecar(source: MemorySource, cfg: Config) -> AsyncIterator[Sidecar]:
-    await source.tracking_enable(list(cfg.tables))
+async def running_sidecar(source: MemorySource, cfg: Config) -> AsyncIterator[Sidecar]:
+    """A sidecar as it comes up (nothing waited for); still running at the end, then stopped."""
     daemon = Daemon(cfg, source=source, worker_id="w1")
     task = asyncio.create_task(daemon.run(), name="sidecar")
     async with await DataManager.connect(cfg.redis) as manager:
-        sidecar = Sidecar(source, daemon, task, manager)
         try:
-            for table in (ITEMS, OTHER):
-                await wait_for(lambda t=table: sidecar.mirrored(t), DEADLINE, f"{table} to be mirrored")
-                # and its snapshot done (documents equal the rows before the snapshot records it)
-                await wait_for(lambda t=table: sidecar.streaming(t), DEADLINE, f"{table} to stream")
-            yield sidecar
+            yield Sidecar(source, daemon, task, manager)
             assert not task.done(), "the sidecar must never stop for a table"
         finally:
             daemon.request_stop()
             await asyncio.wait_for(task, 30)
+
+
+@contextlib.asynccontextmanager
+async def start_sidecar(source: MemorySource, cfg: Config) -> AsyncIterator[Sidecar]:
+    """Both tables tracked, and a sidecar that has mirrored them and streams."""
+    await source.tracking_enable(list(cfg.tables))
+    async with running_sidecar(source, cfg) as sidecar:
+        for table in (ITEMS, OTHER):
+            await wait_for(lambda t=table: sidecar.mirrored(t), DEADLINE, f"{table} to be mirrored")
+            # and its snapshot done (documents equal the rows before the snapshot records it)
+            await wait_for(lambda t=table: sidecar.streaming(t), DEADLINE, f"{table} to stream")
+        yield sidecar
 
 
 @pytest.fixture
@@ -271,22 +278,14 @@ async def test_a_table_missing_at_start_up_does_not_keep_the_others_down(
     cfg = config(redis_url, namespace)
     await source.tracking_enable([cfg.tables[1]])
     source.drop_table(ITEMS)
-    daemon = Daemon(cfg, source=source, worker_id="w1")
-    task = asyncio.create_task(daemon.run(), name="sidecar")
-    async with await DataManager.connect(cfg.redis) as manager:
-        sidecar = Sidecar(source, daemon, task, manager)
-        try:
-            await wait_for(lambda: sidecar.mirrored(OTHER), DEADLINE, "the other table mirrored")
-            await wait_for(lambda: sidecar.is_degraded(ITEMS), DEADLINE, "items degraded")
+    async with running_sidecar(source, cfg) as sidecar:
+        await wait_for(lambda: sidecar.mirrored(OTHER), DEADLINE, "the other table mirrored")
+        await wait_for(lambda: sidecar.is_degraded(ITEMS), DEADLINE, "items degraded")
 
-            source.create_table(ITEMS, {"id": "int", "n": "int"}, ["id"])
-            source.insert(ITEMS, {"id": 1, "n": 1})
-            await source.tracking_enable([cfg.tables[0]])
-            await wait_for(lambda: sidecar.mirrored(ITEMS), DEADLINE, "items mirrored once it exists")
-            assert not task.done()
-        finally:
-            daemon.request_stop()
-            await asyncio.wait_for(task, 30)
+        source.create_table(ITEMS, {"id": "int", "n": "int"}, ["id"])
+        source.insert(ITEMS, {"id": 1, "n": 1})
+        await source.tracking_enable([cfg.tables[0]])
+        await wait_for(lambda: sidecar.mirrored(ITEMS), DEADLINE, "items mirrored once it exists")
 
 
 async def test_a_damaged_partition_degrades_its_table_until_repaired(
@@ -320,28 +319,17 @@ async def test_a_damaged_checkpoint_degrades_its_table_until_deleted(
         key = manager.layout.checkpoint(ITEMS)
         await manager.client.hset(key, mapping={"version": "x", "state": "streaming"})
     await source.tracking_enable(list(cfg.tables))
-    daemon = Daemon(cfg, source=source, worker_id="w1")
-    task = asyncio.create_task(daemon.run(), name="sidecar")
-    async with await DataManager.connect(cfg.redis) as manager:
-        sidecar = Sidecar(source, daemon, task, manager)
-        try:
-            await wait_for(lambda: sidecar.mirrored(OTHER), DEADLINE, "the other table mirrored")
-            await wait_for(
-                lambda: sidecar.is_degraded(ITEMS, f"{key} field version holds 'x'"),
-                DEADLINE,
-                "items degraded",
-            )
-            await sidecar.streams()
-            assert not task.done()
+    async with running_sidecar(source, cfg) as sidecar:
+        await wait_for(lambda: sidecar.mirrored(OTHER), DEADLINE, "the other table mirrored")
+        await wait_for(
+            lambda: sidecar.is_degraded(ITEMS, f"{key} field version holds 'x'"), DEADLINE, "items degraded"
+        )
+        await sidecar.streams()
+        assert not sidecar.task.done()
 
-            await manager.client.delete(key)  # what the error says to do
-            await wait_for(
-                lambda: sidecar.mirrored(ITEMS), DEADLINE, "items snapshotted once the key is gone"
-            )
-            await wait_for(lambda: sidecar.recovered(ITEMS), DEADLINE, "items recovered")
-        finally:
-            daemon.request_stop()
-            await asyncio.wait_for(task, 30)
+        await sidecar.manager.client.delete(key)  # what the error says to do
+        await wait_for(lambda: sidecar.mirrored(ITEMS), DEADLINE, "items snapshotted once the key is gone")
+        await wait_for(lambda: sidecar.recovered(ITEMS), DEADLINE, "items recovered")
 
 
 async def test_a_checkpoint_holding_only_a_failovers_request_is_snapshotted(
