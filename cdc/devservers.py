@@ -109,9 +109,6 @@ class RedisServer:
             "--appendonly", "yes" if self.appendonly else "no",
             "--protected-mode", "no",
             "--maxmemory-policy", "noeviction",
-            # a replica's full sync at once, not after Redis's default 5 s (that
-            # waits for more replicas to share one transfer): 5 s a fixture
-            "--repl-diskless-sync-delay", "0",
             *self.extra,
         ]  # fmt: skip
         self.proc = subprocess.Popen(
