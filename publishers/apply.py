@@ -46,7 +46,7 @@ from redis import exceptions as rex
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import ConnectionPool
 
-from publishers import cluster_wait, redis_calls, scripts
+from publishers import cluster_wait, redis_calls, resp, scripts
 from publishers.connection import RedisClient
 from publishers.durability import Acknowledgements
 from publishers.layout import Layout
@@ -98,11 +98,16 @@ class _Call:
     changes: list[Change]
 
     @cached_property
-    def command(self) -> tuple[list[Any], list[Any]]:
+    def command(self) -> tuple[list[bytes], list[bytes]]:
         builder = _CallBuilder(self.layout, self.partition)
         for change in self.changes:
             builder.add(change)
         return builder.keys_and_args(self.header)
+
+    def packed(self, sha: bytes) -> bytes:
+        """The call's EVALSHA as RESP (``publishers.resp``: every argument is bytes)."""
+        keys, args = self.command
+        return resp.command([b"EVALSHA", sha, b"%d" % len(keys), *keys, *args])
 
 
 class _CallBuilder:
@@ -115,62 +120,63 @@ class _CallBuilder:
     def __init__(self, layout: Layout, partition: str) -> None:
         self.layout, self.partition = layout, partition
         self.prefix = layout.prefix(partition)
-        self.groups: dict[tuple[str, str], int] = {}
-        self.doc_prefixes: dict[int, str] = {}
-        self.group_args: list[Any] = []
+        self.groups: dict[tuple[str, str], tuple[bytes, str]] = {}  # -> (group number, document key prefix)
+        self.group_args: list[bytes] = []
         self.index_keys: list[str] = []
         self.columns: dict[str, int] = {}
-        self.column_args: list[Any] = []
-        self.shapes: dict[tuple[str, ...], int] = {}
-        self.shape_args: list[Any] = []
+        self.column_args: list[bytes] = []
+        self.shapes: dict[tuple[str, ...], bytes] = {}
+        self.shape_args: list[bytes] = []
         self.doc_keys: list[str] = []
-        self.change_args: list[Any] = []
+        self.change_args: list[bytes] = []
 
     def add(self, change: Change) -> None:
-        """Append one change (the hot path: a few dict lookups and one extend)."""
-        group = self.groups.get((change.section, change.table)) or self._group(change)
-        self.doc_keys.append(self.doc_prefixes[group] + change.key)
+        """Append one change (the hot path: a few dict lookups and one extend;
+        every argument bytes, for ``publishers.resp``)."""
+        group, doc_prefix = self.groups.get((change.section, change.table)) or self._group(change)
+        self.doc_keys.append(doc_prefix + change.key)
         values = change.values
         reset = b"1" if change.reset else b"0"
+        version = b"%d" % change.version
         if change.op == "D" or values is None:
-            self.change_args += (group, orjson.dumps(change.key), "D", str(change.version), reset, 0)
+            self.change_args += (group, orjson.dumps(change.key), b"D", version, reset, b"0")
             return
         names = tuple(values)
         shape = self.shapes.get(names) or self._shape(names)
-        self.change_args += (group, orjson.dumps(change.key), change.op, str(change.version), reset, shape)
+        self.change_args += (group, orjson.dumps(change.key), change.op.encode(), version, reset, shape)
         self.change_args += values.values()
 
-    def _group(self, change: Change) -> int:
+    def _group(self, change: Change) -> tuple[bytes, str]:
         doc_prefix = f"{self.prefix}{change.section}:"
-        group = self.groups[(change.section, change.table)] = len(self.groups) + 1
-        self.doc_prefixes[group] = doc_prefix
+        group = self.groups[(change.section, change.table)] = (b"%d" % (len(self.groups) + 1), doc_prefix)
         self.index_keys.append(self.layout.index(self.partition, change.section))
         self.group_args += (orjson.dumps(change.section), orjson.dumps(change.table))
-        self.group_args += (self.layout.channel(self.partition, change.section), len(doc_prefix.encode()))
-        self.group_args.append(str(change.fence))
+        channel = self.layout.channel(self.partition, change.section)
+        self.group_args += (channel.encode(), b"%d" % len(doc_prefix.encode()), b"%d" % change.fence)
         return group
 
-    def _shape(self, names: tuple[str, ...]) -> int:
+    def _shape(self, names: tuple[str, ...]) -> bytes:
         indexes = []
         for name in names:
             if name not in self.columns:
                 self.columns[name] = len(self.columns) + 1
                 self.column_args.extend(_column_args(name))
             indexes.append(self.columns[name])
-        self.shapes[names] = len(self.shapes) + 1
-        self.shape_args += (len(indexes), *indexes)
-        return len(self.shapes)
+        shape = self.shapes[names] = b"%d" % (len(self.shapes) + 1)
+        self.shape_args += (b"%d" % len(indexes), *(b"%d" % i for i in indexes))
+        return shape
 
-    def keys_and_args(self, header: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    def keys_and_args(self, header: Sequence[bytes]) -> tuple[list[bytes], list[bytes]]:
         keys = [
             self.layout.seq(self.partition),
             self.layout.stream(self.partition),
             self.layout.fence(self.partition),
         ]
         keys += self.index_keys + self.doc_keys
-        args = [orjson.dumps(self.partition), *header, len(self.groups), len(self.columns), len(self.shapes)]
+        counts = (len(self.groups), len(self.columns), len(self.shapes))
+        args = [orjson.dumps(self.partition), *header, *(b"%d" % n for n in counts)]
         args += self.group_args + self.column_args + self.shape_args + self.change_args
-        return keys, args
+        return list(map(str.encode, keys)), args
 
 
 class Applier:
@@ -194,12 +200,13 @@ class Applier:
         self.max_changes_per_call = max(1, max_changes_per_call)
         self.script = scripts.APPLY.text
         self.sha = scripts.APPLY.sha
+        self._sha = self.sha.encode()
         self._acks = Acknowledgements(config.durability, layout)
         self._partition_sets = PartitionSets(client, layout, config.url, self._acks)
         self._header = (
-            str(config.stream_max_len),
-            str(max(1, round(config.tombstone_ttl * 1000))),
-            "SPUBLISH" if config.cluster else "PUBLISH",
+            b"%d" % config.stream_max_len,
+            b"%d" % max(1, round(config.tombstone_ttl * 1000)),
+            b"SPUBLISH" if config.cluster else b"PUBLISH",
         )
 
     def forget_registrations(self) -> None:
@@ -225,7 +232,7 @@ class Applier:
             (change.section, partition) for partition, sized in by_partition.items() for change, _ in sized
         }
         registered, unwritable = await self._partition_sets.register(pairs)
-        batch = _Batch((timestamp(now), *self._header), result, registered)
+        batch = _Batch((timestamp(now).encode(), *self._header), result, registered)
         if unwritable:
             by_partition = _hold_unregistered(by_partition, unwritable, result)
         chunked = [self._chunks(partition, sized) for partition, sized in by_partition.items()]
@@ -385,8 +392,7 @@ class Applier:
         conn = await pool.get_connection()  # type: ignore[no-untyped-call]
         try:
             for call in calls:
-                keys, args = call.command
-                await conn.send_command("EVALSHA", self.sha, len(keys), *keys, *args)
+                await conn.send_packed_command(call.packed(self._sha))
             after = self._acks.commands(calls[0].partition) if self._acks.on else []
             for command in after:
                 await conn.send_command(*command)

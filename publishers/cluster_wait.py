@@ -74,7 +74,9 @@ async def send_waited(
         node = client.get_node_from_key(command[3])
         if node is None:  # no node serves the slot (yet)
             _refresh(client)
-            raise RedisUnavailable(f"Redis is unavailable: no cluster node serves the slot of {command[3]!r}")
+            key = command[3]
+            shown = key.decode(errors="replace") if isinstance(key, bytes) else key
+            raise RedisUnavailable(f"Redis is unavailable: no cluster node serves the slot of {shown!r}")
         groups.setdefault(node.name, (node, []))[1].append(index)
     rounds = [
         _node_round(client, node, [commands[i][0] for i in indexes], commands[indexes[0]][1], acks, url)
