@@ -121,11 +121,15 @@ class TableMapper:
         encoded = row.encoded
         if encoded.names == self.columns and _ODD not in raw:
             values = dict(zip(self.columns, texts, strict=True))
+            size = len(raw) - (len(texts) - 1) * len(
+                _SEPARATOR
+            )  # the values' bytes, without a pass over them
         else:
             values = self._merge(
                 dict(zip(encoded.names, texts, strict=True)), row.values or {}, encoded.loaders
             )
-        size = sum(map(len, values.values())) + self._names_size
+            size = sum(map(len, values.values()))
+        size += self._names_size
         if size > self.max_row_bytes:
             raise PoisonChange(
                 f"row {self.describe_key(row.key)} is {size} bytes encoded, over max_row_bytes={self.max_row_bytes}"

@@ -51,17 +51,17 @@ class EncodedRowReader(RowReader):
         super().__init__(info, since)
         self.plain, self.columns = encoded.plain, encoded.columns
 
-    def row(
-        self,
-        record: Sequence[Any],
-        version: int,
-        op: str,
-        created: int,
-        column_versions: str | None,
-        key: Any,
-    ) -> ChangeRow:
+    def __call__(self, record: Sequence[Any]) -> ChangeRow:
+        """``RowReader.__call__`` and ``row`` in one call: the hot path of a
+        drain, one per changed row. A call and a dict of no plain columns
+        fewer: 1.51 -> 1.10 µs a row of the drain bench's mix (60% U, 30% I,
+        10% D; timeit, CPython 3.11)."""
+        version, op, created, column_versions, found = record[:5]
         end = 5 + self.width
-        values = dict(zip(self.plain, record[end + 1 :], strict=True))
+        key = dict(zip(self.keys, record[5:end], strict=True))
+        if not found:
+            return ChangeRow("D", version, key, None)
+        values = dict(zip(self.plain, record[end + 1 :], strict=True)) if self.plain else {}
         text, columns = record[end], self.columns
         if op == "D":  # as RowReader.row says
             return ChangeRow("U", version, key, values, None, text, columns)
