@@ -9,7 +9,7 @@ NOTES = """
   the same run. The machine has 2 vCPUs for PostgreSQL, Redis, the sidecar and the load generators;
   see "Quiet machine" at the top. Figures move by 10-30% between runs, and the machine itself
   changes from session to session (2026-11-22 an Intel Xeon, 2026-11-23 an AMD EPYC, this run's
-  2026-11-24 an Intel Xeon again, with every absolute figure higher: the loader 39,716 rows/s here,
+  2026-11-24 an Intel Xeon again, with every absolute figure higher: the loader 42,463 rows/s here,
   24,386 on 2026-11-23). Compare runs by their ratios, not their absolute figures.
 - **The naive baseline is the weak point of the drain ratios.** It is bound by round trips through
   redis-py's asyncio client, and their cost on this VM moves from run to run: 1,674/s in this run,
@@ -18,14 +18,14 @@ NOTES = """
   in the issue. Against 4,000/s the drain of this run would be 3.1x (batch 100) to 4.1x (batch 2000),
   short of 5x. The ratios to the apply ceiling (43-55%) are the steadier measure: both sides go
   through the same Redis.
-- Drain: the sidecar is one Python process on one core. Per change it spends 13.8 µs of CPU
+- Drain: the sidecar is one Python process on one core. Per change it spends 9.8 µs of CPU
   (section 7, batch 2000: reading and decoding the row, encoding ten JSON values, building the Lua
-  call), Redis ~18 µs (the apply script), PostgreSQL a few µs: Redis is the busier side, and the
-  drain reaches 61% of the apply ceiling (the ceiling being Redis alone, fed from memory).
+  call), Redis ~15 µs (the apply script), PostgreSQL a few µs: Redis is the busier side, and the
+  drain reaches 60% of the apply ceiling (the ceiling being Redis alone, fed from memory).
 - Snapshot (the bulk snapshot, items 16 and 20 below): one table, one partition. Two pages are in
   flight (item 20), so Redis is the bound: busy ~97% of the snapshot (`bulk_load.lua`: the fence,
-  an HGET and an HSET a row, the index a page at a time), ~8.5 µs of its CPU a row; the sidecar
-  ~4.9 µs, PostgreSQL ~2.9 µs. The one-off loader spends ~20 µs of its own CPU a row (redis-py
+  an HGET and an HSET a row, the index a page at a time), ~7.4 µs of its CPU a row; the sidecar
+  ~4.6 µs, PostgreSQL ~2.7 µs. The one-off loader spends ~20 µs of its own CPU a row (redis-py
   building and parsing a pipeline of HSETs) and Redis ~4 µs: its Redis is idle most of the time.
 - Idle: "Redis commands/s" counts the commands run inside scripts too (a lease renewal is an EVAL, a
   GET and a PEXPIRE); the sidecar sends ~30 calls/s for 50 tables, in two pipelines per lease round.
@@ -145,35 +145,48 @@ figures are from development runs on this machine (same sizes as the quick mode,
     2: 119,804 and 127,828, 3: 125,360 (10 MB more). A page after one that failed is never recorded
     as written (the resume point never passes a page not written).
 
+21. **The apply call built of bytes and framed in C-level passes** (`publishers/resp.py`,
+    `publishers/apply.py`, `cdc/sources/pg_read_encoded.py`; issue 17's sidecar-CPU target). hiredis's
+    `pack_command` copies each argument into an sds and formats its length with `sprintf`: ~110 ns an
+    argument, ~16 arguments a change, the largest self-time entry of the drain's profile (17.6%, py-spy).
+    The call's arguments are now built as bytes and framed by `len`, a prebuilt `$<n>` header and one
+    `join` (the same bytes on the wire: a property test compares with hiredis): build and pack of a
+    2,000-change call of the drain mix 2.89 -> 2.22 µs a change (timeit, same process). The encoded
+    change reader makes its row in one call: 1.51 -> 1.10 µs a row. Whole `cdc run --once` draining
+    300,000 changes, four interleaved pairs (the previous commit against this one): 14.5 -> 12.65 µs of
+    CPU a change, Redis unchanged (17.95 both). In the full runs: 13.8 µs = 1.64x the reference
+    (2026-11-24 01:29) -> 9.8 µs = 1.32x (2026-11-24 06:03); the Redis apply 2.05x and 2.09x (the same
+    bytes reach Redis: the difference is the run's).
+
 Tried and dropped: preparing the next batch's Lua arguments while the batch before is in Redis (the
 sidecar is CPU-bound, so it only moved the same work earlier: no gain measured).
 
 ## Why the missed targets are missed
 
-Of issue 17's targets, met: the snapshot's 50,000 rows/s (113,237), the Redis apply's <= 2.1x (2.05x),
-the drain's >= 60% of the ceiling at batch 2000 (61%), the subscriber's 50,000 messages/s (60,450), and
-pgbench >= 0.80x with logical capture when no sidecar runs during the run, as the trigger runs are
-measured (0.96x). Missed:
+Of issue 17's targets, met: the snapshot's 50,000 rows/s (127,243), the sidecar's CPU <= 1.4x the
+reference (1.32x), the Redis apply's <= 2.1x (2.09x), the drain's >= 60% of the ceiling at batch 2000
+(60%), the subscriber's 50,000 messages/s (69,670), and pgbench >= 0.80x with logical capture when no
+sidecar runs during the run, as the trigger runs are measured (0.99x). Missed:
 
-- **Snapshot >= 3.5x the one-off loader** (2.85x: 113,237 against 39,716 rows/s). Redis is the bound
-  (~8.5 µs of its CPU a row, busy ~97% of the snapshot) where the loader's Redis spends ~4 µs a row on
-  plain HSETs; 3.5x needs ~139,000 rows/s, so Redis at ~7 µs a row at most. What it does a row
-  beyond the loader's HSET: the HGET that tells a document of another type (dead-lettered, never
-  overwritten) and an existing document (deleted first, so a dropped column does not survive), the
-  `@v` and `@ts` fields, the index. Not tried yet: one call per row fewer for an empty section.
-- **Sidecar CPU <= 1.4x the plain commands' Redis CPU** (1.64x: 13.8 against 8.4 µs a change; the
-  issue measured 38-42 µs). 1.4x is 11.8 µs: ~2 µs a change to cut, spread over reading the row,
-  encoding the values and packing the call (no single step above 15%). The next steps, each measured
-  on a scratch build only: compiling `values`/`mapping`/`apply` with mypyc (-17.6% instructions in
-  `from_row`); the change row as JSON text from the database, as the snapshot reads.
-- **pgbench with the trigger capture >= 0.80x without** (0.49x, median of 8 interleaved pairs). The
+- **Snapshot >= 3.5x the one-off loader** (3.0x: 127,243 against 42,463 rows/s). Redis is the bound
+  (~7.4 µs of its CPU a row, busy ~94% of the snapshot) where the loader's Redis spends ~4 µs a row on
+  plain HSETs; 3.5x is ~149,000 rows/s, so at most ~6.7 µs of Redis a row with Redis busy all the
+  time. `python -m bench.bulk_floor` measures where `bulk_load.lua` spends it, on the same 1,000-row
+  calls (2026-11-24, median of 5 interleaved rounds): taking the call's arguments in (parsing, the
+  KEYS and ARGV tables) 1.83 µs a row, the loop over the rows 2.39, with the HSET of each row's
+  twelve fields 6.00, and as shipped (the HGET that tells a document of another type and an
+  existing one, the index's SADD) 7.08. The arguments and the HSET alone are 6.0 µs: the target
+  leaves nothing for the index, which the layout requires (docs/REDIS.md), so it is out of reach for
+  one hash a document on this machine. Cheaper argument layouts measured worse: a row as one argument
+  split in Lua +0.5 µs, and MULTI/EXEC of plain HSETs 10.5 µs a row.
+- **pgbench with the trigger capture >= 0.80x without** (0.48x, median of 8 interleaved pairs). The
   capture trigger is a row trigger that upserts the net change: ~36 µs of the ~100 µs a row is the
   upsert, ~15 µs calling the function; an append-only log measured the same, and statement triggers
   are never fired by logical replication's apply worker. No trigger that records the changed columns
   reaches 0.80x: logical capture (`source.capture: logical`, docs/POSTGRES.md §6) is the answer for
-  the servers that allow it, 0.96x for the writers, with the decoding (68 µs of server CPU a
+  the servers that allow it, 0.99x for the writers, with the decoding (67 µs of server CPU a
   transaction) paid when the sidecar reads. On this 2-core machine, with the sidecar draining during
-  the run (its own CPU and the decoding compete with pgbench for the same two cores), 0.52x: on a
+  the run (its own CPU and the decoding compete with pgbench for the same two cores), 0.51x: on a
   database server with a spare core, and the sidecar on another host, the writers' figure is the one
   that applies.
 
@@ -185,10 +198,11 @@ measured (0.96x). Missed:
   psycopg's asyncio connection ~250 µs per statement.
 - `apply.lua` spends ~25-45 µs of Redis time per change, mostly in the Lua-to-Redis bridge (see
   `bench/results/APPLY.md`); that is the apply ceiling.
-- The sidecar's remaining CPU per drained change is spread out: psycopg's row loading (~11%), the
-  row reader and mapping (~25%), value encoding (~15%), packing the EVALSHA (~10%). Decoding
-  values straight from PostgreSQL's text into JSON text (custom loaders, skipping the Python
-  objects) would be the next large step; it must produce byte-identical JSON to `encode_value`.
+- The sidecar's remaining CPU per drained change is spread out (py-spy, self time, after item 21):
+  framing the call 10.9%, splitting the row's JSON text 9.9%, the change reader 9.1%, building the
+  call 8.9%, admitting the change 7.7%. The snapshot's calls still go through hiredis's packer
+  (17% of the snapshot sidecar's CPU): framing them as the apply's would free ~0.4 µs a row of a
+  core Redis shares, not Redis's own CPU, which bounds the snapshot.
 - After this run, the sidecars' SCAN for each other's heartbeats every lease round (a round trip per
   thousand keys of a keyspace that holds every document) was replaced by the worker registry
   `ns:@workers` (docs/REDIS.md); one more script call per round, not measured again here.
