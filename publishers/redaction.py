@@ -212,8 +212,8 @@ class Secrets:
 
     def scrub(self, text: str) -> str:
         """``text`` with each secret, every piece of one of ``MIN_PIECE``
-        characters or more, and every quoted token that is part of one,
-        replaced by ``***``."""
+        characters or more, and every quoted token that is a piece a parser
+        may cut one into (``_segments``), replaced by ``***``."""
         state = self._state
         if not state.forms or not text:
             return text
@@ -224,8 +224,7 @@ class Secrets:
                 masked[i : i + width] = b"\1" * width
         for match in _QUOTED.finditer(text):
             start, end = match.span(1) if match[1] is not None else match.span(2)
-            token = text[start:end]
-            if any(token in form for form in state.forms):
+            if text[start:end] in state.segments:
                 masked[start:end] = b"\1" * (end - start)
         if state.short is not None:
             for match in state.short.finditer(text):
@@ -237,6 +236,7 @@ class Secrets:
 class _State:
     forms: frozenset[str]
     pieces: frozenset[str]  # every MIN_PIECE characters of every form
+    segments: frozenset[str]  # every piece of a form between delimiters (_segments)
     short: re.Pattern[str] | None  # a form shorter than MIN_PIECE, as a word of its own
 
     @classmethod
@@ -246,8 +246,24 @@ class _State:
         return cls(
             forms=forms,
             pieces=pieces,
+            segments=frozenset(s for f in forms for s in _segments(f)),
             short=re.compile(rf"(?<!\w)(?:{'|'.join(map(re.escape, short))})(?!\w)") if short else None,
         )
+
+
+# Where a driver that misreads a connection string cuts a password typed in it
+# unencoded: it then quotes the pieces ("invalid port 'ab'").
+_DELIMITERS = re.compile(r"[/@:?#;&=, ]")
+
+
+def _segments(form: str) -> set[str]:
+    """Every run of whole pieces of ``form`` between delimiters ("ab", "cd",
+    "ab/cd" of "ab/cd"): the quoted tokens that are masked whatever their
+    length. Not any substring: a quoted "4" is not part of "rt%2Fpa%40ss"
+    as a parser cuts it, and a data key '4' must stay readable."""
+    cuts = [0, *(m.start() for m in _DELIMITERS.finditer(form)), len(form)]
+    starts, ends = [0, *(c + 1 for c in cuts[1:-1])], cuts[1:]
+    return {form[a:b] for a in starts for b in ends if b > a}
 
 
 def _apply(text: str, masked: bytearray) -> str:

@@ -150,6 +150,15 @@ def test_pieces_of_a_secret_are_scrubbed_wherever_they_appear() -> None:
     assert Secrets(["spa ce"]).scrub("password=spa ce;x") == "password=***;x"
 
 
+def test_a_quoted_token_goes_only_as_a_piece_a_parser_cuts_the_secret_into() -> None:
+    """A data key '4' in a dead letter's listing stays readable although the
+    configured password's encoding ("%40") holds a 4; the pieces of the
+    password between its delimiters still go, however short."""
+    secrets = Secrets(["rt%2Fpa%40ss"])
+    assert secrets.scrub("key='4' id \"40\" at '2F'") == "key='4' id \"40\" at '2F'"
+    assert secrets.scrub("invalid port 'rt' host 'pa@ss'") == "invalid port '***' host '***'"
+
+
 @pytest.mark.parametrize("form", ["a%2Fb%40c%3Fd", "a/b@c?d", "a\\/b@c?d", '"a/b@c?d"'])
 def test_every_form_of_a_secret_is_scrubbed(form: str) -> None:
     """Configured percent-encoded, a message may give it decoded, and the
