@@ -63,6 +63,19 @@ def setup_logging(level: str = "INFO", json_logs: bool | None = None) -> None:
     root.setLevel(level.upper())
     for noisy in ("apscheduler", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    scheduler = logging.getLogger("apscheduler.scheduler")
+    if not any(isinstance(f, _LateJobFilter) for f in scheduler.filters):
+        scheduler.addFilter(_LateJobFilter())
+
+
+class _LateJobFilter(logging.Filter):
+    """Drops apscheduler's "skipped: maximum number of running instances": a
+    periodic job (the shape watch, say) still running when its next time
+    comes, behind a long read of the same source session, is late, not
+    broken; the warning repeated every interval for as long as the read ran."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "maximum number of running instances" not in str(record.msg)
 
 
 class RedactedStream:
