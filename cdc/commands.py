@@ -189,7 +189,7 @@ async def _tracked_if_unregistered(config: Config, source: ChangeSource, table: 
 
     if registered(config, table.table) is not None:
         return
-    if all(s.enabled for s in await source.tracking_status([table])):
+    if all(s.enabled or s.remains for s in await source.tracking_status([table])):
         return
     try:
         config.table(table.table)

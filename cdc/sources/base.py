@@ -216,6 +216,10 @@ class TrackingStatus:
     min_valid_version: int | None = None
     current_version: int | None = None
     detail: str = ""
+    # Not enabled, yet something of its tracking is left at the source that
+    # ``tracking disable`` removes (a dropped table's replication slot, which
+    # holds WAL until it is dropped)
+    remains: bool = False
 
 
 @dataclass(frozen=True)

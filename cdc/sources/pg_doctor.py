@@ -63,12 +63,7 @@ def _privilege_finding(role: str, schema: str, need: Need) -> Finding:
             f"source.cleanup_interval: 0 and run {schema}.cleanup(...) as the tables' owner)",
             extra,
         )
-    return Finding(
-        "error",
-        need.subject,
-        f"role {role} lacks {need.privilege} on {need.target} ({need.why}): {grant}",
-        extra,
-    )
+    return pg_grants.privilege_finding(role, need)
 
 
 def _cleanup_summary(

@@ -39,6 +39,7 @@ from psycopg import sql
 from cdc.config import TableConfig
 from cdc.errors import ConfigError
 from cdc.sources import pg_retention
+from cdc.sources.base import Finding
 from cdc.sources.pg_catalog import Connection
 from cdc.sources.pg_tracking import net_table_name
 
@@ -103,6 +104,25 @@ def read_needs(tracking: str, tables: Sequence[TableConfig]) -> list[Need]:
         ),
     ]
     for table_config in tables:
+        needs += table_needs([table_config])
+        needs.append(
+            Need(
+                table_config.table,
+                "SELECT",
+                "table",
+                tracking,
+                net_table_name(table_config.schema, table_config.name),
+                "its net changes",
+            )
+        )
+    return _unique(needs)
+
+
+def table_needs(tables: Sequence[TableConfig]) -> list[Need]:
+    """What reading the tables' own rows needs (snapshots, changed rows; with
+    logical capture, a value the WAL does not carry)."""
+    needs = []
+    for table_config in tables:
         needs += [
             Need(table_config.table, "USAGE", "schema", table_config.schema, "", "to reach the table"),
             Need(
@@ -113,14 +133,6 @@ def read_needs(tracking: str, tables: Sequence[TableConfig]) -> list[Need]:
                 table_config.name,
                 "reads its rows; the snapshot's LOCK TABLE ... IN ACCESS SHARE MODE needs it on the "
                 "table, column grants are not enough",
-            ),
-            Need(
-                table_config.table,
-                "SELECT",
-                "table",
-                tracking,
-                net_table_name(table_config.schema, table_config.name),
-                "its net changes",
             ),
         ]
     return _unique(needs)
@@ -220,6 +232,18 @@ async def missing(conn: Connection, needs: Sequence[Need]) -> list[Need]:
     return [need for need, (held,) in zip(needs, rows, strict=True) if held is False]
 
 
+def privilege_finding(role: str, need: Need) -> Finding:
+    """``cdc doctor``'s error for a privilege ``role`` lacks, with its GRANT."""
+    grant = statement(need.grant(role))
+    extra = {"grant": grant, "privilege": need.privilege, "object": need.target, "cleanup": need.cleanup}
+    return Finding(
+        "error",
+        need.subject,
+        f"role {role} lacks {need.privilege} on {need.target} ({need.why}): {grant}",
+        extra,
+    )
+
+
 async def current_role(conn: Connection) -> str:
     row = await (await conn.execute("select current_user")).fetchone()
     return str(row[0]) if row else ""
@@ -255,14 +279,30 @@ async def grant_runtime(
         )
     )
     done.append(f"{role}: SELECT, DELETE on the net tables created later in schema {tracking}")
+    return done + await grant_later_tables(conn, tables, role)
+
+
+async def grant_later_tables(conn: Connection, tables: Sequence[TableConfig], role: str) -> list[str]:
+    """SELECT for ``role`` on the tables that each source schema's table owners
+    create later (``ALTER DEFAULT PRIVILEGES FOR ROLE <owner>``): a table added
+    to the config and enabled, or dropped and created again, is readable at once."""
+    done = []
     for schema, owner in await _owners(conn, tables):
         await conn.execute(
             sql.SQL("alter default privileges for role {} in schema {} grant select on tables to {}").format(
-                sql.Identifier(owner), sql.Identifier(schema), ident
+                sql.Identifier(owner), sql.Identifier(schema), sql.Identifier(role)
             )
         )
         done.append(f"{role}: SELECT on tables {owner} creates later in schema {schema}")
     return done
+
+
+async def has_replication(conn: Connection, role: str) -> bool:
+    """The REPLICATION attribute (or superuser) a logical slot's functions need."""
+    row = await (
+        await conn.execute("select rolreplication or rolsuper from pg_roles where rolname = %s", [role])
+    ).fetchone()
+    return bool(row and row[0])
 
 
 async def _role_exists(conn: Connection, role: str) -> bool:
@@ -306,14 +346,17 @@ async def not_owned(conn: Connection, tables: Sequence[TableConfig]) -> list[tup
     return [(str(table), str(owner)) for table, owner in rows]
 
 
-def ownership_error(role: str, refused: Sequence[tuple[str, str]]) -> str:
+TRIGGERS_NEED = "Creating and enabling the tracking triggers needs the privileges of each table's owner."
+PUBLICATIONS_NEED = "Adding a table to its publication needs the privileges of the table's owner."
+
+
+def ownership_error(role: str, refused: Sequence[tuple[str, str]], needs: str = TRIGGERS_NEED) -> str:
     """All the tables at once, each with its owner, and the two ways out."""
     listed = "; ".join(f"{table} (owned by {owner})" for table, owner in refused)
     owners = ", ".join(sorted({quoted(owner) for _, owner in refused}))
     return (
         f"cannot enable change tracking: role {role} does not own {len(refused)} table(s): {listed}. "
-        "Creating and enabling the tracking triggers needs the privileges of each table's owner. "
-        f"Run cdc tracking enable as the owner, or make this role a member of it (GRANT {owners} TO "
+        f"{needs} Run cdc tracking enable as the owner, or make this role a member of it (GRANT {owners} TO "
         f"{quoted(role)}); nothing was changed"
     )
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from cdc.errors import SourceError, TrackingExpired, TrackingNotEnabled
-from cdc.sources.pg_catalog import CatalogTable, Connection
+from cdc.errors import SourceError, TableChanged, TrackingExpired, TrackingNotEnabled
+from cdc.sources.pg_catalog import CatalogTable, Connection, find_table
 
 
 def slot_name(deployment: str, database: str, table: str) -> str:
@@ -56,8 +56,8 @@ select current_setting('wal_level'), r.rolreplication or r.rolsuper, current_use
 """
 
 
-async def check_prerequisites(conn: Connection, new_slots: int) -> None:
-    """Raise one ``SourceError`` naming every prerequisite the server or role misses."""
+async def prerequisite_problems(conn: Connection, new_slots: int) -> list[str]:
+    """Every prerequisite the server or role misses, each with its fix."""
     row = await (await conn.execute(_PREREQUISITES)).fetchone()
     assert row is not None
     wal_level, replication, role, create, max_slots, slots = row
@@ -81,22 +81,57 @@ async def check_prerequisites(conn: Connection, new_slots: int) -> None:
             f"max_replication_slots is {max_slots} and {slots} slots exist: {new_slots} more are needed "
             "(one per table): raise it, then restart PostgreSQL"
         )
-    if missing:
-        raise SourceError("source.capture is logical, but: " + "; ".join(missing))
+    return missing
 
 
 async def check_replica_identity(conn: Connection, table: str, found: CatalogTable) -> None:
+    """Raise ``replica_identity_problem`` as a ``SourceError``."""
+    problem = await replica_identity_problem(conn, table, found)
+    if problem is not None:
+        raise SourceError(problem)
+
+
+async def replica_identity_problem(conn: Connection, table: str, found: CatalogTable) -> str | None:
     """The primary key (REPLICA IDENTITY DEFAULT) or the whole row (FULL) in
     the WAL of an UPDATE or DELETE: with NOTHING, a published table refuses
     them; with USING INDEX, the old key would be another index's columns."""
     row = await (
         await conn.execute("select relreplident from pg_class where oid = %s", [found.oid])
     ).fetchone()
-    if row is not None and row[0] not in ("d", "f"):
+    if row is None or row[0] in ("d", "f"):
+        return None
+    return (
+        f"{table}: its REPLICA IDENTITY is {'NOTHING' if row[0] == 'n' else 'USING INDEX'}; logical "
+        f"capture needs the primary key in the WAL: ALTER TABLE {found.qualified} REPLICA IDENTITY DEFAULT"
+    )
+
+
+async def check_logged_identity(
+    conn: Connection, table: str, schema: str, name: str, logged: set[str]
+) -> None:
+    """``logged``: the replica identities (``Relation.identity``) the changes of a
+    read were logged under. One that is neither DEFAULT nor FULL was set after
+    tracking was enabled (which refuses it): a delete then logs another
+    index's columns, or nothing, as its key, and a key update may log no old
+    key at all, so those changes cannot be mapped to documents. The table
+    fails with the fix while its identity is still wrong, and is snapshotted
+    again (``TrackingExpired``) once it is right."""
+    if logged <= {"d", "f"}:
+        return
+    found = await find_table(conn, schema, name)
+    if found is None:
+        raise TableChanged(f"{table}: the table is gone: describing it again")
+    then = "NOTHING" if "n" in logged else "USING INDEX"
+    try:
+        await check_replica_identity(conn, table, found)
+    except SourceError as exc:
         raise SourceError(
-            f"{table}: its REPLICA IDENTITY is {'NOTHING' if row[0] == 'n' else 'USING INDEX'}; logical "
-            f"capture needs the primary key in the WAL: ALTER TABLE {found.qualified} REPLICA IDENTITY DEFAULT"
-        )
+            f"{exc}. It was changed after tracking was enabled: its deletes and key updates since cannot be"
+            " mapped to documents, and the table is snapshotted again once its identity is DEFAULT or FULL"
+        ) from None
+    raise TrackingExpired(
+        table, f"changes in its WAL were logged under REPLICA IDENTITY {then}, not its primary key"
+    )
 
 
 # -- enable and disable --------------------------------------------------------------
@@ -241,6 +276,7 @@ class Window:
     insert: int  # pg_current_wal_insert_lsn(): no commit ever starts below it later
     published: bool  # the publication exists and holds the table
     slot: SlotState | None
+    table_exists: bool = True  # a table of that name is there (not dropped, not renamed)
 
 
 _WINDOW = """
@@ -249,7 +285,9 @@ select (pg_current_wal_flush_lsn() - '0/0')::bigint, (pg_current_wal_insert_lsn(
                 and p.schemaname = %(schema)s and p.tablename = %(table)s),
        (s.confirmed_flush_lsn - '0/0')::bigint,
        pg_wal_lsn_diff(pg_current_wal_insert_lsn(), s.restart_lsn)::bigint,
-       coalesce(s.wal_status = 'lost', false) or s.restart_lsn is null, s.slot_name is not null
+       coalesce(s.wal_status = 'lost', false) or s.restart_lsn is null, s.slot_name is not null,
+       exists (select from pg_class c join pg_namespace n on n.oid = c.relnamespace
+                where n.nspname = %(schema)s and c.relname = %(table)s and c.relkind in ('r', 'p'))
   from (select 1) as one left join pg_replication_slots s on s.slot_name = %(name)s
 """
 
@@ -257,14 +295,16 @@ select (pg_current_wal_flush_lsn() - '0/0')::bigint, (pg_current_wal_insert_lsn(
 async def window(conn: Connection, name: str, schema: str, table: str) -> Window:
     row = await (await conn.execute(_WINDOW, {"name": name, "schema": schema, "table": table})).fetchone()
     assert row is not None
-    flush, insert, published, confirmed, retained, lost, exists = row
+    flush, insert, published, confirmed, retained, lost, exists, table_exists = row
     slot = SlotState(int(confirmed or 0), int(retained or 0), bool(lost)) if exists else None
-    return Window(int(flush), int(insert), bool(published), slot)
+    return Window(int(flush), int(insert), bool(published), slot, bool(table_exists))
 
 
 def check_window(table: str, since: int, found: Window) -> None:
     """Raise when the table's changes are not captured for this deployment,
     or a read from ``since`` could miss some."""
+    if not found.published and not found.table_exists:
+        raise TableChanged(f"{table}: the table is gone (dropped or renamed): describing it again")
     if not found.published:
         raise TrackingNotEnabled(
             f"{table}: change tracking (logical decoding) is not enabled: no publication holds the table "

@@ -1,7 +1,7 @@
 """``cdc tracking enable|disable|status`` and ``--grant-to`` for logical capture.
 
 ``enable`` checks what the server and the role must allow
-(``pg_logical.check_prerequisites``: wal_level, REPLICATION, CREATE on the
+(``pg_logical.prerequisite_problems``: wal_level, REPLICATION, CREATE on the
 database, free slots), every table's primary key and replica identity, then
 makes per table a publication (one transaction for all of them), then its
 slot (each in autocommit: a slot is not made in a transaction that wrote, and
@@ -28,12 +28,10 @@ SlotName = Callable[[str, str], str]  # (table, database) -> the slot's and publ
 async def enable(sessions: Sessions, slot: SlotName, tables: Sequence[TableConfig]) -> list[str]:
     done = []
     async with sessions.administering("enable change tracking (logical decoding)") as conn:
-        refused = await pg_grants.not_owned(conn, tables)
-        if refused:
-            raise SourceError(pg_grants.ownership_error(await pg_grants.current_role(conn), refused))
         database = conn.info.dbname
-        new = [t for t in tables if await pg_logical.slot_state(conn, slot(t.table, database)) is None]
-        await pg_logical.check_prerequisites(conn, len(new))
+        problems = await _enable_problems(conn, [slot(t.table, database) for t in tables], tables)
+        if problems:
+            raise SourceError("; ".join(problems))
         for table_config in tables:
             done.append(await _publish(conn, slot(table_config.table, database), table_config))
     conn = await sessions.open()
@@ -48,6 +46,33 @@ async def enable(sessions: Sessions, slot: SlotName, tables: Sequence[TableConfi
     finally:
         await conn.close()
     return done
+
+
+async def _enable_problems(
+    conn: Connection, slots: Sequence[str], tables: Sequence[TableConfig]
+) -> list[str]:
+    """Everything that stops the enable, all at once (nothing is changed then):
+    tables this role does not own, the server's and role's prerequisites, and
+    each table's replica identity."""
+    problems = []
+    refused = await pg_grants.not_owned(conn, tables)
+    if refused:
+        role = await pg_grants.current_role(conn)
+        problems.append(pg_grants.ownership_error(role, refused, pg_grants.PUBLICATIONS_NEED))
+    new = [name for name in slots if await pg_logical.slot_state(conn, name) is None]
+    missing = await pg_logical.prerequisite_problems(conn, len(new))
+    if missing:
+        problems.append("source.capture is logical, but: " + "; ".join(missing))
+    for table_config in tables:
+        found = await pg_catalog.find_table(conn, table_config.schema, table_config.name)
+        problem = (
+            None
+            if found is None
+            else await pg_logical.replica_identity_problem(conn, table_config.table, found)
+        )
+        if problem is not None:
+            problems.append(problem)
+    return problems
 
 
 async def _publish(conn: Connection, name: str, table_config: TableConfig) -> str:
@@ -98,8 +123,8 @@ async def status(sessions: Sessions, slot: SlotName, tables: Sequence[TableConfi
             found = await pg_logical.window(conn, slot(t.table, conn.info.dbname), t.schema, t.name)
             current = found.flush - 1
             if not found.published or found.slot is None:
-                detail = "no publication" if not found.published else "no replication slot"
-                statuses.append(TrackingStatus(t.table, False, None, current, detail))
+                detail, remains = _untracked(t.table, found), found.slot is not None
+                statuses.append(TrackingStatus(t.table, False, None, current, detail, remains))
                 continue
             detail = f"its replication slot holds {found.slot.retained} bytes of WAL"
             if found.slot.lost:
@@ -110,6 +135,21 @@ async def status(sessions: Sessions, slot: SlotName, tables: Sequence[TableConfi
                 TrackingStatus(t.table, not found.slot.lost, found.slot.confirmed, current, detail)
             )
     return statuses
+
+
+def _untracked(table: str, found: pg_logical.Window) -> str:
+    """Why a table's changes are not captured; a slot left without its table
+    (dropped, or taken out of its publication) keeps WAL until it is dropped."""
+    if not found.table_exists:
+        detail = "the table is gone (dropped or renamed)"
+    else:
+        detail = "no publication holds the table" if not found.published else "no replication slot"
+    if found.slot is None:
+        return f"{detail} (cdc tracking enable --table {table})" if found.table_exists else detail
+    return (
+        f"{detail}, but its replication slot holds {found.slot.retained} bytes of WAL until it is dropped:"
+        f" cdc tracking disable --table {table}"
+    )
 
 
 async def grant(sessions: Sessions, tables: Sequence[TableConfig], role: str) -> list[str]:
@@ -123,8 +163,11 @@ async def grant(sessions: Sessions, tables: Sequence[TableConfig], role: str) ->
                     sql.Identifier(t.schema, t.name), sql.Identifier(role)
                 )
             )
-    lines = [f"{t.table}: SELECT granted to {role}" for t in tables]
-    return [*lines, f"{role} also needs the REPLICATION attribute: ALTER ROLE {role} REPLICATION"]
+        lines = [f"{t.table}: SELECT granted to {role}" for t in tables]
+        lines += await pg_grants.grant_later_tables(conn, tables, role)
+        if not await pg_grants.has_replication(conn, role):
+            lines.append(f"{role} also needs the REPLICATION attribute: ALTER ROLE {role} REPLICATION")
+    return lines
 
 
 async def doctor(sessions: Sessions, slot: SlotName, tables: Sequence[TableConfig]) -> list[Finding]:
@@ -135,19 +178,23 @@ async def doctor(sessions: Sessions, slot: SlotName, tables: Sequence[TableConfi
         row = await (
             await conn.execute(
                 "select current_setting('wal_level'), current_setting('max_slot_wal_keep_size'),"
-                " r.rolreplication or r.rolsuper from pg_roles r where r.rolname = current_user"
+                " r.rolreplication or r.rolsuper, current_user from pg_roles r where r.rolname = current_user"
             )
         ).fetchone()
         assert row is not None
-        wal_level, keep, replication = row
+        wal_level, keep, replication, role = row
         if wal_level != "logical":
             findings.append(
                 Finding("error", "wal_level", f"is {wal_level!r}: logical capture needs 'logical'")
             )
         if not replication:
             findings.append(
-                Finding("error", "role", "has no REPLICATION attribute: ALTER ROLE ... REPLICATION")
+                Finding(
+                    "error", "role", f"{role} has no REPLICATION attribute: ALTER ROLE {role} REPLICATION"
+                )
             )
+        for need in await pg_grants.missing(conn, pg_grants.table_needs(tables)):
+            findings.append(pg_grants.privilege_finding(role, need))
         if keep == "-1":
             findings.append(
                 Finding(

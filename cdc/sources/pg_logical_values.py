@@ -61,16 +61,23 @@ class TupleLoaders:
 
     def decoder(self, info: TableInfo) -> Callable[[Relation, Tuple], dict[str, Any]]:
         """A tuple of ``info``'s table as its published columns and key (by name),
-        values loaded; a table renamed, or without a published column, raises
-        ``TableChanged`` (it is described again, as after a trigger-mode read)."""
-        wanted = set(info.column_names) | set(info.primary_key)
+        values loaded; a table renamed, or without a primary-key column, raises
+        ``TableChanged`` (it is described again, as after a trigger-mode read).
+
+        A published column the tuple lacks is ``UNCHANGED``: read from the
+        table by key, as an unchanged TOASTed value is. pgoutput never sends a
+        generated column (PostgreSQL 15-17; 18 only with the publication's
+        publish_generated_columns); a column dropped after the read was
+        described fails that read with ``TableChanged``."""
+        keys = set(info.primary_key)
+        wanted = set(info.column_names) | keys
 
         def decode(relation: Relation, values: Tuple) -> dict[str, Any]:
             if relation.schema != info.schema or relation.name != info.name:
                 raise TableChanged(
                     f"{info.table}: the table was renamed while it was read: describing it again"
                 )
-            if not wanted.issubset(relation.columns):
+            if not keys.issubset(relation.columns):
                 raise TableChanged(f"{info.table}: the table changed while it was read: describing it again")
             loaders = self._loaders.get((relation.relid, relation.type_oids))
             if loaders is None:  # not prepared for this read: never a KeyError on every retry
@@ -79,6 +86,8 @@ class TupleLoaders:
             for column, load, value in zip(relation.columns, loaders, values, strict=True):
                 if column in wanted:
                     row[column] = value if value is None or value is UNCHANGED else load(value)
+            if len(row) < len(wanted):
+                row.update(dict.fromkeys(wanted.difference(row), UNCHANGED))
             return row
 
         return decode

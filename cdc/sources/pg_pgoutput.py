@@ -47,6 +47,9 @@ class Relation:
     name: str
     columns: tuple[str, ...]
     type_oids: tuple[int, ...]
+    # pg_class.relreplident when the change was logged: d (primary key), f (whole
+    # row), i (another index's columns), n (nothing)
+    identity: str = "d"
 
 
 @dataclass
@@ -140,14 +143,14 @@ def transactions(messages: Iterator[bytes], relations: dict[int, Relation]) -> I
 def _relation(reader: _Reader) -> Relation:
     relid = reader.int32(unsigned=True)
     schema, name = reader.string(), reader.string()
-    reader.byte()  # replica identity setting
+    identity = reader.byte()
     names, oids = [], []
     for _ in range(reader.int16()):
         reader.byte()  # flags: part of the key
         names.append(reader.string())
         oids.append(reader.int32(unsigned=True))
         reader.int32()  # typmod
-    return Relation(relid, schema or "pg_catalog", name, tuple(names), tuple(oids))
+    return Relation(relid, schema or "pg_catalog", name, tuple(names), tuple(oids), identity)
 
 
 def _change(kind: str, reader: _Reader, relations: dict[int, Relation]) -> Change:

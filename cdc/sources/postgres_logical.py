@@ -196,13 +196,15 @@ class PostgresLogicalSource(PostgresSource):
             await pg_logical.advance(conn, name, target)
         decoded, bound = await self._peek(conn, name, since, found.flush, upto)
         bound = max(since, bound)
+        taken = [t for t in decoded if since < t.commit_lsn <= bound]
+        logged = {c.relation.identity for t in taken for c in t.changes if c.relation is not None}
+        if not logged <= {"d", "f"}:
+            await pg_logical.check_logged_identity(conn, info.table, info.schema, info.name, logged)
         # every shape of the read: a column added and dropped within it leaves
         # changes of a shape that is no longer the table's last
         await self._loaders.prepare(conn, {c.relation for t in decoded for c in t.changes if c.relation})
         net = NetChanges(info.primary_key, self._loaders.decoder(info))
-        for transaction in decoded:
-            if not since < transaction.commit_lsn <= bound:
-                continue
+        for transaction in taken:
             for change in transaction.changes:
                 if change.kind == "T":
                     raise TrackingExpired(

@@ -304,3 +304,96 @@ async def test_slots_left_by_a_changed_namespace_are_listed_never_dropped(
         )
     finally:
         assert cdc("tracking", "disable", "-c", str(old)).returncode == 0
+
+
+async def test_disable_drops_the_slot_of_a_table_dropped_and_taken_out_of_the_config(
+    postgres_dsn: str, redis_url: str, pg_schema: str, namespace: str, tmp_path: Path
+) -> None:
+    """DROP TABLE takes the table out of its publication, not its slot, which
+    then holds WAL for good: ``tracking disable --table`` must still take it
+    once the config no longer registers the table (docs/TABLES.md)."""
+    await create_tables(postgres_dsn, pg_schema)
+    path = _config_path(tmp_path, pg_schema, postgres_dsn, redis_url, namespace)
+    assert cdc("tracking", "enable", "-c", str(path)).returncode == 0
+    both = await _slots(postgres_dsn, pg_schema)
+    try:
+        await _execute(postgres_dsn, f"drop table {pg_schema}.lines")
+        status = cdc("tracking", "status", "-c", str(path), "--table", f"{pg_schema}.lines")
+        text = path.read_text(encoding="utf-8")
+        path.write_text(text[: text.index(f"  - table: {pg_schema}.lines")], encoding="utf-8")
+
+        done = cdc("tracking", "disable", "-c", str(path), "--table", f"{pg_schema}.lines")
+
+        assert "replication slot holds" in status.stdout and "tracking disable" in status.stdout, (
+            status.stdout
+        )
+        assert done.returncode == 0, done.stderr
+        assert len(both) == 2 and len(await _slots(postgres_dsn, pg_schema)) == 1
+    finally:
+        assert cdc("tracking", "disable", "-c", str(path)).returncode == 0
+
+
+async def test_doctor_names_a_missing_select_and_grant_to_gives_it(
+    postgres_dsn: str, redis_url: str, pg_schema: str, namespace: str, tmp_path: Path
+) -> None:
+    """A runtime role with REPLICATION but no SELECT on a table: doctor says
+    so with the GRANT (the sidecar would degrade the table); ``--grant-to``
+    grants it and says nothing of REPLICATION, which the role has."""
+    role = "r" + uuid.uuid4().hex[:10]
+    await _execute(
+        postgres_dsn, f"create role {role} login replication", f"grant usage on schema {pg_schema} to {role}"
+    )
+    await create_tables(postgres_dsn, pg_schema)
+    admin = _config_path(tmp_path, pg_schema, postgres_dsn, redis_url, namespace)
+    (tmp_path / "runtime").mkdir()
+    runtime = _config_path(
+        tmp_path / "runtime", pg_schema, make_conninfo(postgres_dsn, user=role), redis_url, namespace
+    )
+    try:
+        assert cdc("tracking", "enable", "-c", str(admin)).returncode == 0
+
+        before = cdc("doctor", "-c", str(runtime))
+        granted = cdc("tracking", "enable", "-c", str(admin), "--grant-to", role)
+        after = cdc("doctor", "-c", str(runtime))
+
+        assert before.returncode == 1, before.stdout
+        assert f"role {role} lacks SELECT on table {pg_schema}.items" in before.stdout
+        assert f'GRANT SELECT ON TABLE "{pg_schema}"."items" TO "{role}"' in before.stdout
+        assert granted.returncode == 0, granted.stderr
+        assert "REPLICATION" not in granted.stdout + granted.stderr
+        assert "lacks SELECT" not in after.stdout, after.stdout
+    finally:
+        assert cdc("tracking", "disable", "-c", str(admin)).returncode == 0
+        await _execute(
+            postgres_dsn,
+            f"alter default privileges in schema {pg_schema} revoke select on tables from {role}",
+            f"drop owned by {role}",
+            f"drop role {role}",
+        )
+
+
+async def test_enable_lists_every_problem_at_once(
+    postgres_dsn: str, redis_url: str, pg_schema: str, namespace: str, tmp_path: Path
+) -> None:
+    """Tables the role does not own, its missing REPLICATION and CREATE, and a
+    table's replica identity: one refusal names them all, nothing is made."""
+    role = "r" + uuid.uuid4().hex[:10]
+    await _execute(postgres_dsn, f"create role {role} login", f"grant usage on schema {pg_schema} to {role}")
+    await create_tables(postgres_dsn, pg_schema)  # owned by the admin, not the role
+    await _execute(postgres_dsn, f"alter table {pg_schema}.lines replica identity nothing")
+    path = _config_path(tmp_path, pg_schema, make_conninfo(postgres_dsn, user=role), redis_url, namespace)
+    try:
+        refused = cdc("tracking", "enable", "-c", str(path))
+
+        assert refused.returncode == 1, refused.stderr
+        for problem in (
+            "does not own 2 table(s)",
+            "Adding a table to its publication",
+            f"ALTER ROLE {role} REPLICATION",
+            "GRANT CREATE ON DATABASE",
+            f"{pg_schema}.lines: its REPLICA IDENTITY is NOTHING",
+        ):
+            assert problem in refused.stderr, (problem, refused.stderr)
+        assert await _slots(postgres_dsn, pg_schema) == []
+    finally:
+        await _execute(postgres_dsn, f"drop owned by {role}", f"drop role {role}")

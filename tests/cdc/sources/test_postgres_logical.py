@@ -14,7 +14,7 @@ import struct
 
 import pytest
 
-from cdc.errors import TrackingExpired, TrackingNotEnabled
+from cdc.errors import SourceError, TrackingExpired, TrackingNotEnabled
 from cdc.sources import postgres_logical
 from cdc.sources.pg_pgoutput import UNCHANGED, NetChanges, Relation, transactions
 from tests.contract.harness import PostgresLogicalHarness, Replica, read_all
@@ -96,6 +96,49 @@ async def test_an_unchanged_toasted_value_keeps_its_value(harness: PostgresLogic
         ("U", 1, {"id": 1, "n": 2, "body": big}),
         ("D", 2, None),
     ]
+
+
+async def test_a_generated_column_is_read_from_the_table(harness: PostgresLogicalHarness) -> None:
+    # pgoutput never sends a stored generated column: its value is the row's, read by key
+    columns = {"id": "int", "v": "int", "g": "int generated always as (v * 10) stored"}
+    table_config = await harness.create_table("gen", columns, ["id"])
+    info = await harness.pg_source.describe(table_config)
+    since = await harness.pg_source.current_version()
+    async with harness.writer() as w:
+        await w.insert(table_config, {"id": 1, "v": 1})
+        await w.insert(table_config, {"id": 2, "v": 2})
+    async with harness.writer() as w:
+        await w.update(table_config, {"id": 2}, {"v": 5})
+
+    rows, _ = await read_all(harness.pg_source, info, since)
+
+    assert [(r.op, r.values) for r in rows] == [
+        ("I", {"id": 1, "v": 1, "g": 10}),
+        ("I", {"id": 2, "v": 5, "g": 50}),
+    ]
+
+
+async def test_a_replica_identity_changed_after_enable_fails_the_read_until_set_back(
+    harness: PostgresLogicalHarness,
+) -> None:
+    columns = {"id": "int", "code": "text not null", "v": "int"}
+    table_config = await harness.create_table("ident", columns, ["id"])
+    name = f"{table_config.schema}.ident"
+    await harness.admin.execute(f"create unique index ident_code on {name} (code)")
+    source = harness.pg_source
+    info = await source.describe(table_config)
+    async with harness.writer() as w:
+        await w.insert(table_config, {"id": 1, "code": "a", "v": 1})
+    since = await source.current_version()
+    await harness.admin.execute(f"alter table {name} replica identity using index ident_code")
+    async with harness.writer() as w:
+        await w.delete(table_config, {"id": 1})  # its WAL key is code, not id
+
+    with pytest.raises(SourceError, match="REPLICA IDENTITY is USING INDEX.*REPLICA IDENTITY DEFAULT"):
+        await source.read_changes(info, since, limit=10)
+    await harness.admin.execute(f"alter table {name} replica identity default")
+    with pytest.raises(TrackingExpired, match="logged under REPLICA IDENTITY USING INDEX"):
+        await source.read_changes(info, since, limit=10)  # the delete is lost: a snapshot puts it right
 
 
 async def test_a_dropped_slot_expires_the_checkpoint_and_a_snapshot_makes_it_again(
