@@ -252,8 +252,10 @@ class _State:
 
 
 # Where a driver that misreads a connection string cuts a password typed in it
-# unencoded: it then quotes the pieces ("invalid port 'ab'").
-_DELIMITERS = re.compile(r"[/@:?#;&=, ]")
+# unencoded, and then quotes the pieces ("invalid port 'ab'"): URL delimiters,
+# an IPv6 host's brackets, ODBC's braces, key=value's quotes, escapes and any
+# whitespace (libpq cuts key=value at a tab or a newline too).
+_DELIMITERS = re.compile(r"[/@:?#;&=,\[\]{}'\"\\\s]")
 
 
 def _segments(form: str) -> set[str]:

@@ -157,6 +157,11 @@ def test_a_quoted_token_goes_only_as_a_piece_a_parser_cuts_the_secret_into() -> 
     secrets = Secrets(["rt%2Fpa%40ss"])
     assert secrets.scrub("key='4' id \"40\" at '2F'") == "key='4' id \"40\" at '2F'"
     assert secrets.scrub("invalid port 'rt' host 'pa@ss'") == "invalid port '***' host '***'"
+    # where libpq cuts: an IPv6 host's brackets, and any whitespace of a key=value string
+    assert Secrets(["Q@[Z]J"]).scrub('unexpected character "J" at position 21') == (
+        'unexpected character "***" at position 21'
+    )
+    assert Secrets(["QZ\tXJ"]).scrub('missing "=" after "XJ"') == 'missing "=" after "***"'
 
 
 @pytest.mark.parametrize("form", ["a%2Fb%40c%3Fd", "a/b@c?d", "a\\/b@c?d", '"a/b@c?d"'])
