@@ -265,8 +265,7 @@ async def grant_runtime(
 
     Runs in the enable's transaction, after the tables are enabled (their net
     tables exist). An unknown role is a ConfigError (exit 2), nothing granted."""
-    if not await _role_exists(conn, role):
-        raise ConfigError(f"--grant-to: there is no role {role!r} (CREATE ROLE {role} LOGIN first)")
+    await check_role(conn, role)
     functions = await cleanup_functions(conn, tracking)
     needs = read_needs(tracking, tables) + cleanup_needs(tracking, tables, functions)
     for need in needs:
@@ -305,9 +304,11 @@ async def has_replication(conn: Connection, role: str) -> bool:
     return bool(row and row[0])
 
 
-async def _role_exists(conn: Connection, role: str) -> bool:
+async def check_role(conn: Connection, role: str) -> None:
+    """``--grant-to``'s role must exist: else a ConfigError (exit 2), nothing granted."""
     row = await (await conn.execute("select 1 from pg_roles where rolname = %s", [role])).fetchone()
-    return row is not None
+    if row is None:
+        raise ConfigError(f"--grant-to: there is no role {role!r} (CREATE ROLE {role} LOGIN first)")
 
 
 async def _owners(conn: Connection, tables: Sequence[TableConfig]) -> list[tuple[str, str]]:

@@ -109,14 +109,14 @@ async def replica_identity_problem(conn: Connection, table: str, found: CatalogT
 async def check_logged_identity(
     conn: Connection, table: str, schema: str, name: str, logged: set[str]
 ) -> None:
-    """``logged``: the replica identities (``Relation.identity``) the changes of a
-    read were logged under. One that is neither DEFAULT nor FULL was set after
-    tracking was enabled (which refuses it): a delete then logs another
-    index's columns, or nothing, as its key, and a key update may log no old
-    key at all, so those changes cannot be mapped to documents. The table
-    fails with the fix while its identity is still wrong, and is snapshotted
-    again (``TrackingExpired``) once it is right."""
-    if logged <= {"d", "f"}:
+    """``logged``: the replica identities under which a read's updates or
+    deletes were logged with a key that is not the primary key
+    (``pg_pgoutput.foreign_keys``): set after tracking was enabled (which
+    refuses them), so a delete logged another index's columns as its key, and
+    a key update may have logged no old key at all: those changes cannot be
+    mapped to documents. The table fails with the fix while its identity is
+    still wrong, and is snapshotted again (``TrackingExpired``) once it is right."""
+    if not logged:
         return
     found = await find_table(conn, schema, name)
     if found is None:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from psycopg import sql
-
 from cdc.config import TableConfig
 from cdc.errors import SourceError
 from cdc.sources import pg_catalog, pg_grants, pg_logical, pg_shape
@@ -138,18 +136,21 @@ async def status(sessions: Sessions, slot: SlotName, tables: Sequence[TableConfi
 
 
 def _untracked(table: str, found: pg_logical.Window) -> str:
-    """Why a table's changes are not captured; a slot left without its table
-    (dropped, or taken out of its publication) keeps WAL until it is dropped."""
-    if not found.table_exists:
-        detail = "the table is gone (dropped or renamed)"
-    else:
-        detail = "no publication holds the table" if not found.published else "no replication slot"
-    if found.slot is None:
-        return f"{detail} (cdc tracking enable --table {table})" if found.table_exists else detail
-    return (
-        f"{detail}, but its replication slot holds {found.slot.retained} bytes of WAL until it is dropped:"
-        f" cdc tracking disable --table {table}"
+    """Why a table's changes are not captured, and the fix. A slot left
+    without its table (dropped) keeps WAL until ``tracking disable`` drops it;
+    a table of that name again (created anew) is put back by ``enable``."""
+    held = (
+        "" if found.slot is None else f", but its replication slot holds {found.slot.retained} bytes of WAL"
     )
+    if not found.table_exists:
+        if found.slot is None:
+            return "the table is gone (dropped or renamed)"
+        return (
+            f"the table is gone (dropped or renamed){held} until it is dropped: take the table out of the"
+            f" config, then cdc tracking disable --table {table}"
+        )
+    detail = "no publication holds the table" if not found.published else "no replication slot"
+    return f"{detail}{held}: cdc tracking enable --table {table}"
 
 
 async def grant(sessions: Sessions, tables: Sequence[TableConfig], role: str) -> list[str]:
@@ -157,13 +158,11 @@ async def grant(sessions: Sessions, tables: Sequence[TableConfig], role: str) ->
     functions need the role's REPLICATION attribute, which only a superuser
     (or, before PostgreSQL 16, a CREATEROLE role) gives: said, not granted."""
     async with sessions.administering(f"grant the runtime privileges to {role}") as conn:
-        for t in tables:
-            await conn.execute(
-                sql.SQL("grant select on {} to {}").format(
-                    sql.Identifier(t.schema, t.name), sql.Identifier(role)
-                )
-            )
-        lines = [f"{t.table}: SELECT granted to {role}" for t in tables]
+        await pg_grants.check_role(conn, role)
+        needs = pg_grants.table_needs(tables)
+        for need in needs:
+            await conn.execute(need.grant(role))
+        lines = [f"{role}: granted {', '.join(f'{n.privilege} on {n.target}' for n in needs)}"]
         lines += await pg_grants.grant_later_tables(conn, tables, role)
         if not await pg_grants.has_replication(conn, role):
             lines.append(f"{role} also needs the REPLICATION attribute: ALTER ROLE {role} REPLICATION")
@@ -245,8 +244,8 @@ def other_slot_text(other: pg_logical.OtherSlot) -> str:
 
 def _table_finding(table: str, found: pg_logical.Window) -> Finding:
     if not found.published or found.slot is None:
-        what = "publication" if not found.published else "replication slot"
-        return Finding("error", table, f"no {what}: run cdc tracking enable --table {table}")
+        kept = {"retained_wal_bytes": found.slot.retained} if found.slot is not None else {}
+        return Finding("error", table, _untracked(table, found), kept)
     if found.slot.lost:
         return Finding("error", table, "its replication slot was invalidated: the table is snapshotted again")
     held = found.slot.retained

@@ -36,11 +36,32 @@ select b.oid, b.base, t.typcategory = 'A', coalesce(e.typname, t.typname)
 """
 
 
+# The table's generated columns: pgoutput never sends them (PostgreSQL 12-17;
+# 18 only with the publication's publish_generated_columns, which is not set).
+_GENERATED = """
+select a.attname from pg_attribute a
+  join pg_class c on c.oid = a.attrelid join pg_namespace n on n.oid = c.relnamespace
+ where n.nspname = %s and c.relname = %s and a.attgenerated <> '' and not a.attisdropped
+"""
+
+
 class TupleLoaders:
-    """Per relation shape, one load function a column (made once per shape)."""
+    """Per relation shape, one load function a column (made once per shape);
+    per description of a table, its generated columns."""
 
     def __init__(self) -> None:
         self._loaders: dict[tuple[int, tuple[int, ...]], list[Callable[[Any], Any]]] = {}
+        self._generated: dict[TableInfo, frozenset[str]] = {}
+
+    async def generated(self, conn: Connection, info: TableInfo) -> frozenset[str]:
+        """``info``'s generated columns, read once per description."""
+        found = self._generated.get(info)
+        if found is None:
+            if len(self._generated) > 1000:  # descriptions of tables changed many times
+                self._generated.clear()
+            rows = await (await conn.execute(_GENERATED, [info.schema, info.name])).fetchall()
+            found = self._generated[info] = frozenset(str(row[0]) for row in rows)
+        return found
 
     async def prepare(self, conn: Connection, relations: Iterable[Relation]) -> None:
         for relation in relations:
@@ -59,18 +80,21 @@ class TupleLoaders:
                 loaders.append(loader(base, conn).load)
             self._loaders[shape] = loaders
 
-    def decoder(self, info: TableInfo) -> Callable[[Relation, Tuple], dict[str, Any]]:
+    def decoder(
+        self, info: TableInfo, generated: frozenset[str] = frozenset()
+    ) -> Callable[[Relation, Tuple], dict[str, Any]]:
         """A tuple of ``info``'s table as its published columns and key (by name),
-        values loaded; a table renamed, or without a primary-key column, raises
+        values loaded; a table renamed, or without a published column, raises
         ``TableChanged`` (it is described again, as after a trigger-mode read).
 
-        A published column the tuple lacks is ``UNCHANGED``: read from the
-        table by key, as an unchanged TOASTed value is. pgoutput never sends a
-        generated column (PostgreSQL 15-17; 18 only with the publication's
-        publish_generated_columns); a column dropped after the read was
-        described fails that read with ``TableChanged``."""
+        A ``generated`` column (``generated``: pgoutput never sends one) is
+        ``UNCHANGED``: read from the table by key, as an unchanged TOASTed
+        value is. Any other column missing (dropped after the read was
+        described) is ``TableChanged``: never a value carried over from an
+        earlier change of the row in the same read."""
         keys = set(info.primary_key)
         wanted = set(info.column_names) | keys
+        fillable = wanted & generated
 
         def decode(relation: Relation, values: Tuple) -> dict[str, Any]:
             if relation.schema != info.schema or relation.name != info.name:
@@ -87,7 +111,12 @@ class TupleLoaders:
                 if column in wanted:
                     row[column] = value if value is None or value is UNCHANGED else load(value)
             if len(row) < len(wanted):
-                row.update(dict.fromkeys(wanted.difference(row), UNCHANGED))
+                missing = wanted.difference(row)
+                if not missing <= fillable:
+                    raise TableChanged(
+                        f"{info.table}: the table changed while it was read: describing it again"
+                    )
+                row.update(dict.fromkeys(missing, UNCHANGED))
             return row
 
         return decode

@@ -16,7 +16,7 @@ per primary key, relative to the read's ``since``, as DESIGN.md §2 asks.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,8 +48,9 @@ class Relation:
     columns: tuple[str, ...]
     type_oids: tuple[int, ...]
     # pg_class.relreplident when the change was logged: d (primary key), f (whole
-    # row), i (another index's columns), n (nothing)
+    # row), i (an index's columns), n (nothing); and the columns of that key
     identity: str = "d"
+    key_columns: tuple[str, ...] = ()
 
 
 @dataclass
@@ -144,13 +145,28 @@ def _relation(reader: _Reader) -> Relation:
     relid = reader.int32(unsigned=True)
     schema, name = reader.string(), reader.string()
     identity = reader.byte()
-    names, oids = [], []
+    names, oids, key = [], [], []
     for _ in range(reader.int16()):
-        reader.byte()  # flags: part of the key
+        flags = ord(reader.byte())  # 1: part of the replica identity's key
         names.append(reader.string())
         oids.append(reader.int32(unsigned=True))
         reader.int32()  # typmod
-    return Relation(relid, schema or "pg_catalog", name, tuple(names), tuple(oids), identity)
+        if flags & 1:
+            key.append(names[-1])
+    return Relation(relid, schema or "pg_catalog", name, tuple(names), tuple(oids), identity, tuple(key))
+
+
+def foreign_keys(transactions: Iterable[Transaction], primary_key: Sequence[str]) -> set[str]:
+    """The replica identities (``Relation.identity``) under which updates or
+    deletes of ``transactions`` were logged with a key that is not
+    ``primary_key`` (USING INDEX of another index): their old keys, or the
+    lack of one when a key update left that index alone, say nothing of the
+    documents. Inserts carry the whole row whatever the identity."""
+    relations = {
+        id(c.relation): c.relation for t in transactions for c in t.changes if c.kind in "UD" and c.relation
+    }
+    key = set(primary_key)
+    return {r.identity for r in relations.values() if r.identity != "f" and set(r.key_columns) != key}
 
 
 def _change(kind: str, reader: _Reader, relations: dict[int, Relation]) -> Change:

@@ -67,7 +67,7 @@ from cdc.sources.base import (
 )
 from cdc.sources.pg_catalog import Connection
 from cdc.sources.pg_logical_values import TupleLoaders
-from cdc.sources.pg_pgoutput import UNCHANGED, NetChanges, Relation, Transaction, transactions
+from cdc.sources.pg_pgoutput import UNCHANGED, NetChanges, Relation, Transaction, foreign_keys, transactions
 from cdc.sources.postgres import PostgresSource
 
 # Changes one peek decodes at most (pgoutput rows: Begin and Commit count):
@@ -197,13 +197,15 @@ class PostgresLogicalSource(PostgresSource):
         decoded, bound = await self._peek(conn, name, since, found.flush, upto)
         bound = max(since, bound)
         taken = [t for t in decoded if since < t.commit_lsn <= bound]
-        logged = {c.relation.identity for t in taken for c in t.changes if c.relation is not None}
-        if not logged <= {"d", "f"}:
-            await pg_logical.check_logged_identity(conn, info.table, info.schema, info.name, logged)
+        foreign = foreign_keys(taken, info.primary_key)
+        if foreign:
+            await pg_logical.check_logged_identity(conn, info.table, info.schema, info.name, foreign)
         # every shape of the read: a column added and dropped within it leaves
         # changes of a shape that is no longer the table's last
         await self._loaders.prepare(conn, {c.relation for t in decoded for c in t.changes if c.relation})
-        net = NetChanges(info.primary_key, self._loaders.decoder(info))
+        net = NetChanges(
+            info.primary_key, self._loaders.decoder(info, await self._loaders.generated(conn, info))
+        )
         for transaction in taken:
             for change in transaction.changes:
                 if change.kind == "T":
