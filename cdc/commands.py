@@ -130,6 +130,8 @@ async def tracking(
         await _refuse_while_streamed(config, [t.table for t in chosen], force=force)
     async with connected(config, redis=False) as (source, _):
         if action == "enable":
+            if grant_to is not None:  # a typo in the role: refused before anything is enabled
+                await source.check_grantee(grant_to)
             for line in await source.tracking_enable(chosen):
                 _print(line)
             if grant_to is not None:

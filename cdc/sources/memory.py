@@ -250,6 +250,9 @@ class MemorySource(MemoryDatabase):
     async def grant_runtime(self, tables: Sequence[TableConfig], role: str) -> list[str]:
         return [f"{role}: an in-memory source has no privileges to grant"]
 
+    async def check_grantee(self, role: str) -> None:
+        """An in-memory source has no roles: any name goes."""
+
     async def tracking_disable(self, tables: Sequence[TableConfig]) -> list[str]:
         done = []
         for table_config in tables:

@@ -96,9 +96,8 @@ class MssqlSource:
     # -- connections
 
     def _open_connection(self) -> Any:
-        if self._connector is not None:
-            return prepare_connection(self._connector(), self.config)
-        return open_connection(self.config)
+        connector = self._connector
+        return prepare_connection(connector(), self.config) if connector else open_connection(self.config)
 
     async def connect(self) -> None:
         await self._link.open()
@@ -276,8 +275,7 @@ class MssqlSource:
         return found
 
     async def wait_for_changes(self, timeout: float) -> set[str]:
-        """The described tables once the database's version, identity or tracked
-        tables move; empty after ``timeout`` (``mssql_watcher``)."""
+        """Described tables, once version, identity or tracking moved; empty after ``timeout`` (mssql_watcher)."""
         return await self._watcher.wait(timeout)
 
     def quiet_for(self, info: TableInfo, since: int) -> float:
@@ -293,9 +291,8 @@ class MssqlSource:
         return settings.retention if settings.auto_cleanup else None
 
     async def cleanup(self, retention: float, scope: CleanupScope | None = None) -> int:
-        """Nothing to do, nor to scope: SQL Server cleans its change tracking up
-        itself (AUTO_CLEANUP), keeping the database's one CHANGE_RETENTION for
-        every tracked table (docs/SQLSERVER.md)."""
+        """Nothing to do, nor to scope: SQL Server cleans its change tracking up itself
+        (AUTO_CLEANUP), with the database's one CHANGE_RETENTION (docs/SQLSERVER.md)."""
         return 0
 
     # -- setting tracking up
@@ -308,6 +305,9 @@ class MssqlSource:
             return enable(conn, tables, self.config.retention, opener)
 
         return await self._link.run(checked_enable)
+
+    async def check_grantee(self, role: str) -> None:
+        await self._link.run(lambda conn: mssql_grants.check_user(conn, role))
 
     async def grant_runtime(self, tables: Sequence[TableConfig], role: str) -> list[str]:
         """SELECT and VIEW CHANGE TRACKING on each table to the database user ``role``."""

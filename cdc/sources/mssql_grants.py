@@ -52,13 +52,18 @@ def runtime_grants(tables: Sequence[TableConfig], user: str) -> list[sql.Stateme
     return [grant(p, t.schema, t.name, user) for t in tables for p in RUNTIME_PERMISSIONS]
 
 
-def grant_runtime(conn: Any, tables: Sequence[TableConfig], user: str) -> list[str]:
-    """Grant ``user`` SELECT and VIEW CHANGE TRACKING on each table. An unknown
-    user is a ConfigError (exit 2), nothing granted."""
+def check_user(conn: Any, user: str) -> None:
+    """``--grant-to``'s user must exist in the database: else a ConfigError (exit 2)."""
     if fetch_scalar(conn, principal_exists(user)) is None:
         raise ConfigError(
             f"--grant-to: the database has no user {user!r} (CREATE USER {sql.quote(user)} FOR LOGIN ... first)"
         )
+
+
+def grant_runtime(conn: Any, tables: Sequence[TableConfig], user: str) -> list[str]:
+    """Grant ``user`` SELECT and VIEW CHANGE TRACKING on each table. An unknown
+    user is a ConfigError (exit 2), nothing granted."""
+    check_user(conn, user)
     for statement in runtime_grants(tables, user):
         execute(conn, statement)  # the link's connections are autocommit
     return [f"{user}: granted SELECT, VIEW CHANGE TRACKING on {t.table}" for t in tables]

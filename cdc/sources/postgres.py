@@ -303,6 +303,10 @@ class PostgresSource:
         async with self._sessions.administering("enable change tracking") as conn:
             return await _enable_tracking(conn, self._schema, tables)
 
+    async def check_grantee(self, role: str) -> None:
+        async with self._sessions.reading(f"look role {role} up", transaction=False) as conn:
+            await pg_grants.check_role(conn, role)
+
     async def grant_runtime(self, tables: Sequence[TableConfig], role: str) -> list[str]:
         """Grant ``role`` what ``cdc run`` needs on ``tables``, now and for what
         is created later (``pg_grants.grant_runtime``)."""

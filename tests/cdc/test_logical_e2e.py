@@ -398,3 +398,16 @@ async def test_enable_lists_every_problem_at_once(
         assert await _slots(postgres_dsn, pg_schema) == []
     finally:
         await _execute(postgres_dsn, f"drop owned by {role}", f"drop role {role}")
+
+
+async def test_grant_to_an_unknown_role_is_refused_before_anything_is_made(
+    postgres_dsn: str, redis_url: str, pg_schema: str, namespace: str, tmp_path: Path
+) -> None:
+    await create_tables(postgres_dsn, pg_schema)
+    path = _config_path(tmp_path, pg_schema, postgres_dsn, redis_url, namespace)
+
+    refused = cdc("tracking", "enable", "-c", str(path), "--grant-to", "nosuchrole")
+
+    assert refused.returncode == 2, refused.stderr
+    assert "there is no role 'nosuchrole'" in refused.stderr
+    assert await _slots(postgres_dsn, pg_schema) == [], "a slot made before the refusal would keep WAL"
