@@ -74,7 +74,26 @@ def _load(path: str) -> Config:
         click.echo(f"error: {redact(str(exc))}", err=True)
         sys.exit(exc.exit_code)
     redaction.remember(config.source.dsn, config.redis.url)
+    redaction.remember_public(_public_names(config))
     return config
+
+
+# The role and database a DSN names: key=value (libpq, ODBC) and URI forms
+_DSN_NAMES = re.compile(r"(?i)(?:^|[\s;])(?:user|uid|user id|dbname|database)\s*=\s*'?([^\s;']+)")
+_URI_USER = re.compile(r"://([^:@/\s]+)[:@]")
+_URI_DATABASE = re.compile(r"@[^/@\s]*/([\w$-]+)")
+
+
+def _public_names(config: Config) -> list[str]:
+    """Names every reader of the output may see (the tables, their schemas and
+    sections, the namespace, the DSN's role and database): shown even where
+    they match a piece of a password (``redaction.Secrets.add_public``)."""
+    names = [config.redis.namespace]
+    for table in config.tables:
+        names += [table.table, table.schema, table.name, table.section]
+    dsn = config.source.dsn
+    names += _DSN_NAMES.findall(dsn) + _URI_USER.findall(dsn) + _URI_DATABASE.findall(dsn)
+    return names
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

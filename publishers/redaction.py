@@ -196,10 +196,11 @@ class Secrets:
     """Passwords, ready to be scrubbed out of texts (``scrub``). Secrets may be
     added while other threads scrub: the state is swapped whole."""
 
-    def __init__(self, secrets: Iterable[str] = ()) -> None:
-        self._state = _State.of(frozenset())
+    def __init__(self, secrets: Iterable[str] = (), public: Iterable[str] = ()) -> None:
+        self._state = _State.of(frozenset(), frozenset())
         self._lock = threading.Lock()
         self.add(secrets)
+        self.add_public(public)
 
     def __bool__(self) -> bool:
         return bool(self._state.forms)
@@ -208,7 +209,18 @@ class Secrets:
         forms = {form for secret in secrets if secret for form in _forms(secret)}
         with self._lock:
             if not forms <= self._state.forms:
-                self._state = _State.of(self._state.forms | forms)
+                self._state = _State.of(self._state.forms | forms, self._state.words)
+
+    def add_public(self, words: Iterable[str]) -> None:
+        """Names every reader may see (a table, its schema, the role the DSN
+        names): shown, as whole words, even where they match a piece of a
+        secret ("weak" in the password "weakpw"); masking them would say that
+        the password holds them. Not a piece a parser cuts a secret into
+        (``_segments``: a driver may quote that), nor one holding a secret."""
+        added = frozenset(w for w in words if w)
+        with self._lock:
+            if not added <= self._state.words:
+                self._state = _State.of(self._state.forms, self._state.words | added)
 
     def scrub(self, text: str) -> str:
         """``text`` with each secret, every piece of one of ``MIN_PIECE``
@@ -229,6 +241,9 @@ class Secrets:
         if state.short is not None:
             for match in state.short.finditer(text):
                 masked[match.start() : match.end()] = b"\1" * (match.end() - match.start())
+        if state.public is not None:
+            for match in state.public.finditer(text):
+                masked[match.start() : match.end()] = bytes(match.end() - match.start())
         return _apply(text, masked)
 
 
@@ -238,16 +253,24 @@ class _State:
     pieces: frozenset[str]  # every MIN_PIECE characters of every form
     segments: frozenset[str]  # every piece of a form between delimiters (_segments)
     short: re.Pattern[str] | None  # a form shorter than MIN_PIECE, as a word of its own
+    words: frozenset[str]  # public names (Secrets.add_public)
+    public: re.Pattern[str] | None  # those that may be shown, as words of their own
 
     @classmethod
-    def of(cls, forms: frozenset[str]) -> _State:
+    def of(cls, forms: frozenset[str], words: frozenset[str]) -> _State:
         pieces = frozenset(f[i : i + MIN_PIECE] for f in forms for i in range(len(f) - MIN_PIECE + 1))
         short = sorted((f for f in forms if len(f) < MIN_PIECE), key=len, reverse=True)
+        segments = frozenset(s for f in forms for s in _segments(f))
+        shown = sorted(
+            (w for w in words if w not in segments and not any(f in w for f in forms)), key=len, reverse=True
+        )
         return cls(
             forms=forms,
             pieces=pieces,
-            segments=frozenset(s for f in forms for s in _segments(f)),
+            segments=segments,
             short=re.compile(rf"(?<!\w)(?:{'|'.join(map(re.escape, short))})(?!\w)") if short else None,
+            words=words,
+            public=re.compile(rf"(?<!\w)(?:{'|'.join(map(re.escape, shown))})(?!\w)") if shown else None,
         )
 
 
@@ -316,6 +339,11 @@ def remember(*values: object) -> None:
     """Scrub the secrets of ``values`` (``secrets_in``) out of everything
     ``redact`` is given from now on."""
     remember_secrets(s for value in values for s in secrets_in(value))
+
+
+def remember_public(words: Iterable[str]) -> None:
+    """Names ``redact`` shows even where they match a piece of a secret (``Secrets.add_public``)."""
+    _KNOWN.add_public(words)
 
 
 def remember_secrets(secrets: Iterable[str]) -> None:

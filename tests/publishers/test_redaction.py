@@ -164,6 +164,16 @@ def test_a_quoted_token_goes_only_as_a_piece_a_parser_cuts_the_secret_into() -> 
     assert Secrets(["QZ\tXJ"]).scrub('missing "=" after "XJ"') == 'missing "=" after "***"'
 
 
+def test_a_public_name_shows_unless_a_parser_could_cut_it_from_the_secret() -> None:
+    secrets = Secrets(["weakpw", "rt/pa@ss"], public=["weak", "rt", "shop"])
+    # "weak" is only a 4-character piece of "weakpw": a name, shown
+    assert secrets.scrub('GRANT USAGE ON SCHEMA "shop" TO "weak"') == 'GRANT USAGE ON SCHEMA "shop" TO "weak"'
+    # "rt" is what a driver quotes of "rt/pa@ss" typed unencoded: still masked
+    assert secrets.scrub('invalid port "rt"') == 'invalid port "***"'
+    # the secret itself, and a word holding a piece of it, still go
+    assert secrets.scrub("password weakpw, weakp") == "password ***, ***"
+
+
 @pytest.mark.parametrize("form", ["a%2Fb%40c%3Fd", "a/b@c?d", "a\\/b@c?d", '"a/b@c?d"'])
 def test_every_form_of_a_secret_is_scrubbed(form: str) -> None:
     """Configured percent-encoded, a message may give it decoded, and the
