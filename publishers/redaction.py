@@ -243,7 +243,10 @@ class Secrets:
                 masked[match.start() : match.end()] = b"\1" * (match.end() - match.start())
         if state.public is not None:
             for match in state.public.finditer(text):
-                masked[match.start() : match.end()] = bytes(match.end() - match.start())
+                start, end = match.span()
+                # a mask that runs on past the name is a secret there, the name a piece of it
+                if not (start and masked[start - 1]) and not (end < len(text) and masked[end]):
+                    masked[start:end] = bytes(end - start)
         return _apply(text, masked)
 
 

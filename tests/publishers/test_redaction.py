@@ -172,6 +172,8 @@ def test_a_public_name_shows_unless_a_parser_could_cut_it_from_the_secret() -> N
     assert secrets.scrub('invalid port "rt"') == 'invalid port "***"'
     # the secret itself, and a word holding a piece of it, still go
     assert secrets.scrub("password weakpw, weakp") == "password ***, ***"
+    # a name at the start of the secret, where the secret is whole: no piece of it shows
+    assert Secrets(["ab.cdef"], public=["ab"]).scrub("pw ab.cdef, schema ab") == "pw ***, schema ab"
 
 
 @pytest.mark.parametrize("form", ["a%2Fb%40c%3Fd", "a/b@c?d", "a\\/b@c?d", '"a/b@c?d"'])
