@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from urllib.parse import unquote
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -55,7 +56,18 @@ def dsn_problem(dsn: str) -> str | None:
         return f"it does not parse ({scrub(exc, dsn)}): {how}"
     if scheme is not None and _misread(dsn, params):
         return f"libpq would read the host, port or database out of the password: {PERCENT_ENCODE}"
+    if scheme is not None and _trimmed(dsn, params):
+        return f"libpq would drop the spaces around the password: {PERCENT_ENCODE}"
     return None
+
+
+def _trimmed(dsn: str, params: Mapping[str, object]) -> bool:
+    """libpq strips the blanks around a URL's unencoded password ("pw " is read
+    "pw"): the server would then refuse a password the user never typed."""
+    read = params.get("password")
+    return read is not None and any(
+        p != p.strip() and unquote(p.strip()) == read for p in redaction.userinfo_passwords(dsn)
+    )
 
 
 def _misread(dsn: str, params: Mapping[str, object]) -> bool:
