@@ -49,6 +49,7 @@ from cdc.sources import (
     pg_keyed,
     pg_logical,
     pg_logical_admin,
+    pg_logical_values,
     pg_logical_views,
     pg_reads,
     pg_shape,
@@ -242,28 +243,24 @@ class PostgresLogicalSource(PostgresSource):
             cap *= 4
 
     async def _rows(self, conn: Connection, info: TableInfo, net: NetChanges) -> list[ChangeRow]:
-        names = info.column_names
+        names, changes = info.column_names, list(net.items())
+        wanted = [k for k, _, _, values in changes if values and any(v is UNCHANGED for v in values.values())]
+        query = pg_keyed.rows_query(info, ordinary=self._ordinary(info))
+        current = await pg_logical_values.rows_by_key(conn, query, names, wanted)
         rows = []
-        for key_values, op, version, values in net.items():
+        for key_values, op, version, values in changes:
             key = dict(zip(info.primary_key, key_values, strict=True))
             if values is None:
                 rows.append(ChangeRow("D", version, key, None))
                 continue
             published = {c: values[c] for c in names}
             if any(v is UNCHANGED for v in published.values()):
-                current = await self._current_row(conn, info, key_values)
-                if current is None:
+                found = current[key_values]
+                if found is None:
                     continue  # gone since: its delete is in a later read
-                published = {c: current[c] if v is UNCHANGED else v for c, v in published.items()}
+                published = {c: found[c] if v is UNCHANGED else v for c, v in published.items()}
             rows.append(ChangeRow(op, version, key, published))  # type: ignore[arg-type]
         return rows
-
-    async def _current_row(
-        self, conn: Connection, info: TableInfo, key: tuple[Any, ...]
-    ) -> dict[str, Any] | None:
-        query = pg_keyed.rows_query(info, ordinary=self._ordinary(info))
-        record = await (await conn.execute(query, list(key))).fetchone()
-        return None if record is None else dict(zip(info.column_names, record, strict=True))
 
     # -- snapshots ------------------------------------------------------------------
 
