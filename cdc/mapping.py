@@ -121,9 +121,8 @@ class TableMapper:
         encoded = row.encoded
         if encoded.names == self.columns and _ODD not in raw:
             values = dict(zip(self.columns, texts, strict=True))
-            size = len(raw) - (len(texts) - 1) * len(
-                _SEPARATOR
-            )  # the values' bytes, without a pass over them
+            # the values' bytes, without a pass over them
+            size = len(raw) - (len(texts) - 1) * len(_SEPARATOR)
         else:
             values = self._merge(
                 dict(zip(encoded.names, texts, strict=True)), row.values or {}, encoded.loaders

@@ -1,4 +1,5 @@
-"""Reading rows by primary key, for ``cdc deadletter replay``: the current
+"""Reading rows by primary key: for logical capture, the values the WAL does
+not carry (``current_rows``); for ``cdc deadletter replay``, the current
 rows of some keys, in one REPEATABLE READ transaction, with the version read
 first, exactly as a snapshot's (``pg_reads.snapshot_version``): every change
 at or below it is in the rows, and a change committed later gets a higher
@@ -41,14 +42,39 @@ async def read_rows(
     """Inside the caller's transaction: the version first, then each key's row."""
     await pg_reads.lock_source(conn, info)
     version = await pg_reads.snapshot_version(conn, schema, info)
-    query = rows_query(info, ordinary=ordinary)
+    return KeyedRows(version, await rows_by_key(conn, info, keys, ordinary=ordinary))
+
+
+async def rows_by_key(
+    conn: Connection, info: TableInfo, keys: Sequence[dict[str, Any]], *, ordinary: bool
+) -> list[dict[str, Any] | None]:
+    """Each key's row (None: no such row), the keys as a key template renders them."""
     types = {c.name: c.type_name for c in info.columns}
+    params = [[key_parameter(key[c], types.get(c, "")) for c in info.primary_key] for key in keys]
+    return await current_rows(conn, info, params, ordinary=ordinary)
+
+
+# Rows looked up per pipeline: one round trip for them all (psycopg's pipeline
+# mode), not one each (5,000 rows of a table with a generated column, one
+# logical-capture read: 0.79 s one query at a time, 0.37 s pipelined)
+PIPELINED = 1000
+
+
+async def current_rows(
+    conn: Connection, info: TableInfo, keys: Sequence[Sequence[Any]], *, ordinary: bool
+) -> list[dict[str, Any] | None]:
+    """Each key's row (None: no such row), the keys as primary-key values in
+    order. A failed lookup raises its own error (psycopg raises it at the
+    pipeline's end), which the caller maps as any other."""
+    query = rows_query(info, ordinary=ordinary)
     rows: list[dict[str, Any] | None] = []
-    for key in keys:
-        params = [key_parameter(key[c], types.get(c, "")) for c in info.primary_key]
-        record = await (await conn.execute(query, params)).fetchone()
-        rows.append(None if record is None else dict(zip(info.column_names, record, strict=True)))
-    return KeyedRows(version, rows)
+    for start in range(0, len(keys), PIPELINED):
+        async with conn.pipeline():
+            cursors = [await conn.execute(query, list(key)) for key in keys[start : start + PIPELINED]]
+        for cursor in cursors:
+            record = await cursor.fetchone()
+            rows.append(None if record is None else dict(zip(info.column_names, record, strict=True)))
+    return rows
 
 
 def key_parameter(value: Any, type_name: str) -> Any:

@@ -121,14 +121,13 @@ async def check_logged_identity(
     found = await find_table(conn, schema, name)
     if found is None:
         raise TableChanged(f"{table}: the table is gone: describing it again")
-    then = "NOTHING" if "n" in logged else "USING INDEX"
-    try:
-        await check_replica_identity(conn, table, found)
-    except SourceError as exc:
+    problem = await replica_identity_problem(conn, table, found)
+    if problem is not None:
         raise SourceError(
-            f"{exc}. It was changed after tracking was enabled: its deletes and key updates since cannot be"
-            " mapped to documents, and the table is snapshotted again once its identity is DEFAULT or FULL"
-        ) from None
+            f"{problem}. It was changed after tracking was enabled: its deletes and key updates since cannot"
+            " be mapped to documents, and the table is snapshotted again once its identity is DEFAULT or FULL"
+        )
+    then = "NOTHING" if "n" in logged else "USING INDEX"
     raise TrackingExpired(
         table, f"changes in its WAL were logged under REPLICA IDENTITY {then}, not its primary key"
     )

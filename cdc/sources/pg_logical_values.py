@@ -11,10 +11,9 @@ same JSON (docs/TYPES.md; the shared contract tests check every type).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from psycopg import sql
 from psycopg.pq import Format
 
 from cdc.errors import TableChanged
@@ -121,26 +120,3 @@ class TupleLoaders:
             return row
 
         return decode
-
-
-# Rows looked up per pipeline: one round trip for them all (psycopg's pipeline
-# mode), not one each (5,000 rows of a table with a generated column, one read:
-# 0.79 s one query at a time)
-PIPELINED = 1000
-
-
-async def rows_by_key(
-    conn: Connection, query: sql.Composed, names: Sequence[str], keys: Sequence[tuple[Any, ...]]
-) -> dict[tuple[Any, ...], dict[str, Any] | None]:
-    """Each key's row as the table holds it now (None: gone), by ``query``
-    (``pg_keyed.rows_query``). A failed lookup raises its own error (psycopg
-    raises it at the pipeline's end), which the read maps as any other."""
-    found: dict[tuple[Any, ...], dict[str, Any] | None] = {}
-    for start in range(0, len(keys), PIPELINED):
-        chunk = keys[start : start + PIPELINED]
-        async with conn.pipeline():
-            cursors = [await conn.execute(query, list(key)) for key in chunk]
-        for key, cursor in zip(chunk, cursors, strict=True):
-            record = await cursor.fetchone()
-            found[key] = None if record is None else dict(zip(names, record, strict=True))
-    return found

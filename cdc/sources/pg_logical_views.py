@@ -12,10 +12,9 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
 
 from cdc.errors import SourceUnavailable
-from cdc.sources import pg_keyed, pg_logical, pg_reads
+from cdc.sources import pg_logical, pg_reads
 from cdc.sources.base import TableInfo
 from cdc.sources.pg_catalog import Connection
 from cdc.sources.pg_sessions import Sessions
@@ -78,20 +77,6 @@ def _waits(waiting: Sequence[pg_logical.Committing], waited: float) -> str:
         " a long statement ends when it ends, a commit held by a synchronous standby when the standby"
         " answers, a prepared transaction with COMMIT or ROLLBACK PREPARED)"
     )
-
-
-async def rows_by_key(
-    conn: Connection, info: TableInfo, keys: Sequence[dict[str, Any]], *, ordinary: bool
-) -> list[dict[str, Any] | None]:
-    """Each key's row in the view (None: no such row), as ``pg_keyed`` reads them."""
-    query = pg_keyed.rows_query(info, ordinary=ordinary)
-    types = {c.name: c.type_name for c in info.columns}
-    rows: list[dict[str, Any] | None] = []
-    for key in keys:
-        params = [pg_keyed.key_parameter(key[c], types.get(c, "")) for c in info.primary_key]
-        record = await (await conn.execute(query, params)).fetchone()
-        rows.append(None if record is None else dict(zip(info.column_names, record, strict=True)))
-    return rows
 
 
 async def table_oid(conn: Connection, info: TableInfo) -> int | None:

@@ -49,7 +49,6 @@ from cdc.sources import (
     pg_keyed,
     pg_logical,
     pg_logical_admin,
-    pg_logical_values,
     pg_logical_views,
     pg_reads,
     pg_shape,
@@ -245,8 +244,8 @@ class PostgresLogicalSource(PostgresSource):
     async def _rows(self, conn: Connection, info: TableInfo, net: NetChanges) -> list[ChangeRow]:
         names, changes = info.column_names, list(net.items())
         wanted = [k for k, _, _, values in changes if values and any(v is UNCHANGED for v in values.values())]
-        query = pg_keyed.rows_query(info, ordinary=self._ordinary(info))
-        current = await pg_logical_values.rows_by_key(conn, query, names, wanted)
+        found_rows = await pg_keyed.current_rows(conn, info, wanted, ordinary=self._ordinary(info))
+        current = dict(zip(wanted, found_rows, strict=True))
         rows = []
         for key_values, op, version, values in changes:
             key = dict(zip(info.primary_key, key_values, strict=True))
@@ -311,7 +310,7 @@ class PostgresLogicalSource(PostgresSource):
         what = f"read rows of {info.table} by key"
         async with pg_logical_views.consistent_view(self._sessions, info, what) as (conn, version):
             async with self._sessions.guard(what, info.table):
-                rows = await pg_logical_views.rows_by_key(conn, info, keys, ordinary=self._ordinary(info))
+                rows = await pg_keyed.rows_by_key(conn, info, keys, ordinary=self._ordinary(info))
         return KeyedRows(version, rows)
 
     # -- upkeep -----------------------------------------------------------------------
