@@ -14,8 +14,10 @@ import struct
 
 import pytest
 
+from cdc.config import TableConfig
 from cdc.errors import SourceError, TableChanged, TrackingExpired, TrackingNotEnabled
 from cdc.sources import postgres_logical
+from cdc.sources.base import TableInfo
 from cdc.sources.pg_pgoutput import UNCHANGED, NetChanges, Relation, transactions
 from tests.contract.harness import PostgresLogicalHarness, Replica, read_all
 
@@ -98,15 +100,22 @@ async def test_an_unchanged_toasted_value_keeps_its_value(harness: PostgresLogic
     ]
 
 
-async def test_a_generated_column_is_read_from_the_table(harness: PostgresLogicalHarness) -> None:
-    # pgoutput never sends a stored generated column: its value is the row's, read by key
+async def _generated_table(harness: PostgresLogicalHarness, name: str) -> tuple[TableConfig, TableInfo, int]:
+    """A table with a stored generated column (g = v * 10), and the version
+    before its rows 1 and 2 were inserted."""
     columns = {"id": "int", "v": "int", "g": "int generated always as (v * 10) stored"}
-    table_config = await harness.create_table("gen", columns, ["id"])
+    table_config = await harness.create_table(name, columns, ["id"])
     info = await harness.pg_source.describe(table_config)
     since = await harness.pg_source.current_version()
     async with harness.writer() as w:
         await w.insert(table_config, {"id": 1, "v": 1})
         await w.insert(table_config, {"id": 2, "v": 2})
+    return table_config, info, since
+
+
+async def test_a_generated_column_is_read_from_the_table(harness: PostgresLogicalHarness) -> None:
+    # pgoutput never sends a stored generated column: its value is the row's, read by key
+    table_config, info, since = await _generated_table(harness, "gen")
     async with harness.writer() as w:
         await w.update(table_config, {"id": 2}, {"v": 5})
 
@@ -122,13 +131,7 @@ async def test_a_generated_column_dropped_after_a_read_is_table_changed(
     harness: PostgresLogicalHarness,
 ) -> None:
     # the rows are looked up in one pipeline: a lookup's own error still names the change
-    columns = {"id": "int", "v": "int", "g": "int generated always as (v * 10) stored"}
-    table_config = await harness.create_table("gendrop", columns, ["id"])
-    info = await harness.pg_source.describe(table_config)
-    since = await harness.pg_source.current_version()
-    async with harness.writer() as w:
-        await w.insert(table_config, {"id": 1, "v": 1})
-        await w.insert(table_config, {"id": 2, "v": 2})
+    table_config, info, since = await _generated_table(harness, "gendrop")
     rows, _ = await read_all(harness.pg_source, info, since)
     assert [r.values for r in rows] == [{"id": 1, "v": 1, "g": 10}, {"id": 2, "v": 2, "g": 20}]
     await harness.admin.execute(f"alter table {table_config.table} drop column g")
