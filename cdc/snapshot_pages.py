@@ -17,9 +17,7 @@ from typing import Any
 
 from cdc.errors import PoisonChange
 from cdc.mapping import TableMapper
-from cdc.sources.base import ENCODED_ODD as ODD
-from cdc.sources.base import ENCODED_SEPARATOR as SEPARATOR
-from cdc.sources.base import SnapshotPage
+from cdc.sources.base import ENCODED_ODD, ENCODED_SEPARATOR, SnapshotPage
 from cdc.templates import Template, render_key_value
 from cdc.values import SHORTCUTS, encode_value
 from publishers.bulk import PageRows
@@ -27,6 +25,9 @@ from publishers.bulk import PageRows
 # Rows mapped between two turns of the event loop: ~8 ms of CPU at ~8 us a
 # row, against the ~5 us a turn costs.
 ROWS_PER_STEP = 1000
+
+SEPARATOR = ENCODED_SEPARATOR.encode()
+ODD = ENCODED_ODD.encode()
 
 
 @dataclass
@@ -91,19 +92,19 @@ def _map_records(
     limit, names_size = mapper.max_row_bytes, mapper.names_size
     add = mapped.rows.add
     for record in records:
-        text = record[width]
+        text = record[width].encode() if encoded else b""  # one encode a row: the bulk call sends bytes
         try:
-            values: list[Any] = text.split(SEPARATOR) if encoded else []
+            values: list[bytes] = text.split(SEPARATOR) if encoded else []
             size = names_size + len(text)
             if ODD in text:
                 _load_odd(values, layout)
-                size = limit  # measured below
+                size = limit + 1  # the loaded values' JSON text: measured below
             if plain:  # (none in a table whose every column the server writes: skip the slice and zip)
                 for column, value in zip(plain, record[width + 1 :], strict=True):
                     encoded_value = _encode(value, column)
                     values.append(encoded_value)
                     size += len(encoded_value)
-            if size > limit // 4:  # str lengths count characters: measure bytes when it may matter
+            if size > limit:  # the text's separators count too: measure the values alone
                 _check_size(values, names_size, limit, mapper, record[:width])
             partition, data_key = render_partition(record), render_key(record)
         except PoisonChange as exc:
@@ -138,13 +139,13 @@ def _renderer(template: Template, keys: Sequence[str]) -> Callable[[Sequence[Any
     return lambda record: template.render(_key(keys, record))
 
 
-def _load_odd(values: list[Any], layout: _Layout) -> None:
+def _load_odd(values: list[bytes], layout: _Layout) -> None:
     """Replace each ``ODD`` text of ``values`` by the JSON text of the value
     it loads to, as the plain path writes it (``PoisonChange`` included)."""
     for index, column, load in layout.loaders:
         text = values[index]
         if text.startswith(ODD):
-            values[index] = _encode(load(text[1:]), column)
+            values[index] = _encode(load(text[1:].decode()), column)
 
 
 def _encode(value: Any, column: str) -> bytes:
@@ -154,9 +155,9 @@ def _encode(value: Any, column: str) -> bytes:
 
 
 def _check_size(
-    values: list[Any], names_size: int, limit: int, mapper: TableMapper, key: Sequence[Any]
+    values: list[bytes], names_size: int, limit: int, mapper: TableMapper, key: Sequence[Any]
 ) -> None:
-    size = names_size + sum(len(v.encode()) if isinstance(v, str) else len(v) for v in values)
+    size = names_size + sum(map(len, values))
     if size > limit:
         described = mapper.describe_key(_key(mapper.info.primary_key, key))
         raise PoisonChange(f"row {described} is {size} bytes encoded, over max_row_bytes={limit}")

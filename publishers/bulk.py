@@ -6,8 +6,9 @@ the section's documents (DESIGN.md §5, docs/REDIS.md "The bulk snapshot").
 Why: a snapshot row through ``apply.lua`` costs Redis an HMGET, an HSET, an
 SADD, an XADD, an INCR and a PUBLISH of the whole document (~44 µs a row,
 bench/RESULTS.md); a subscriber that receives a million ``S`` messages ends
-where one reload of the section would have put it. Here a row is an HGET,
-a DEL, an HSET and an SADD.
+where one reload of the section would have put it. Here a row is an HSET and
+a member of an SADD (a partial snapshot reads its ``@v`` first), and a call's
+rows travel as one MessagePack argument (``publishers.mpack``).
 
 A page's rows are grouped by partition (keys of one partition share a slot:
 a page may span partitions) and sent in calls of at most ``ROWS_PER_CALL``
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from publishers import cluster_wait, redis_calls, scripts
+from publishers import cluster_wait, mpack, redis_calls, scripts
 from publishers.connection import RedisClient
 from publishers.durability import Acknowledgements
 from publishers.errors import CdcError
@@ -118,11 +119,11 @@ class BulkWriter:
             ]
             for start in range(0, len(rows), ROWS_PER_CALL):
                 chunk = rows[start : start + ROWS_PER_CALL]
-                args: list[object] = list(head)
+                flat: list[bytes] = []  # bulk_load.lua's last argument: data key, values, data key, ...
                 for key, values in chunk:
-                    args.append(key)
-                    args += values
-                calls.append((base + [prefix + key for key, _ in chunk], args))
+                    flat.append(key.encode())
+                    flat += values
+                calls.append((base + [prefix + key for key, _ in chunk], [*head, mpack.strings(flat)]))
                 order.append((partition, chunk))
         replies = await scripts.run_many(self.client, scripts.BULK_LOAD, calls, self.config.url)
         outcome = _outcome(replies, order, self.config.url)

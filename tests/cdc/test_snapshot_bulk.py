@@ -120,13 +120,52 @@ async def test_the_bulk_writer_and_the_apply_fence_each_other(manager: DataManag
     assert await manager.client.hkeys(manager.layout.fence(P)) == [orjson.dumps(TABLE)]
 
 
-async def test_a_document_key_of_another_type_is_reported_and_the_rest_written(manager: DataManager) -> None:
+@pytest.mark.parametrize("reset", [True, False], ids=["full", "partial"])
+async def test_a_document_key_of_another_type_is_reported_and_the_rest_written(
+    manager: DataManager, reset: bool
+) -> None:
     await manager.client.set(manager.layout.document(P, SECTION, "2"), "someone else's")
     outcome = await manager.bulk_writer().write(
-        TABLE, SECTION, page(("1", 1, "a"), ("2", 2, "b"), ("3", 3, "c")), version=7, reset=True, fence=0
+        TABLE, SECTION, page(("1", 1, "a"), ("2", 2, "b"), ("3", 3, "c")), version=7, reset=reset, fence=0
     )
     assert outcome.wrong_type == [(P, "2")] and outcome.written == 2
     assert await manager.client.get(manager.layout.document(P, SECTION, "2")) == b"someone else's"
+
+
+async def test_values_of_every_length_are_written_byte_for_byte(manager: DataManager) -> None:
+    """A call's rows travel as one MessagePack argument (publishers.mpack):
+    every value, short or past 64 KiB, multi-byte UTF-8 too, is the
+    document's field as the row had it."""
+    lengths = [0, 1, 31, 32, 255, 256, 4095, 4096, 65535, 65536, 70000]
+    rows = PageRows(("id", "text"))
+    for n in lengths:
+        text = orjson.dumps("é" * ((n - 2) // 2) + "x" * ((n - 2) % 2)) if n >= 2 else b"7"[:n]
+        assert len(text) == n
+        rows.add(P, str(n), [b"%d" % n, text])
+    outcome = await manager.bulk_writer().write(TABLE, SECTION, rows, version=7, reset=True, fence=0)
+    assert outcome.written == len(lengths)
+    for n, (_, values) in zip(lengths, rows.by_partition[P], strict=True):
+        stored = await manager.client.hmget(manager.layout.document(P, SECTION, str(n)), ["id", "text"])
+        assert stored == values
+
+
+async def test_a_full_write_over_documents_leaves_nothing_of_them(manager: DataManager) -> None:
+    """A document already there is written whole again, whatever it held:
+    every field of the row's, none of its own that the row lacks."""
+    writer = manager.bulk_writer()
+    await writer.write(TABLE, SECTION, page(("1", 1, "a"), ("2", 2, "b")), version=5, reset=True, fence=0)
+    document = manager.layout.document(P, SECTION, "2")
+    await manager.client.hset(document, mapping={"stray": "x", "@ts": "then"})  # what nobody should keep
+    second = PageRows(("id", "qty"))  # a column dropped since
+    for key in ("1", "2", "3"):
+        second.add(P, key, [key.encode(), b"9"])
+    assert (await writer.write(TABLE, SECTION, second, version=6, reset=True, fence=0)).written == 3
+    for key in ("1", "2", "3"):
+        assert {k: v for k, v in (await fields(manager, key)).items() if k != "@ts"} == {
+            "@v": "6",
+            "id": key,
+            "qty": "9",
+        }
 
 
 async def test_a_damaged_index_fails_the_page_before_anything_is_written(manager: DataManager) -> None:
