@@ -17,7 +17,7 @@ rows, one round trip for the page (pipelined; concurrent calls on a cluster).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import orjson
@@ -34,6 +34,12 @@ from publishers.settings import RedisConfig
 # Rows per script call: Redis serves nobody else while a script runs; a call
 # of 1,000 rows of ten columns runs ~5 ms.
 ROWS_PER_CALL = 1000
+# Values per call, in bytes: a call's rows are ONE argument, which Redis
+# refuses past proto-max-bulk-len (512 MB by default) by dropping the
+# connection; 1,000 rows of up to max_row_bytes (64 MiB) could pass it. A row
+# larger than this goes alone. 8 MiB also bounds the time Redis is busy, as
+# the apply's calls are bounded (publishers.apply.MAX_CALL_BYTES).
+MAX_CALL_BYTES = 8 << 20
 
 # The marker's patch: an RFC 6902 "test" that no document passes (no document
 # has an "@reload" member: names starting with @ are reserved), so a client
@@ -43,13 +49,16 @@ MARKER_PATCH = b'[{"op":"test","path":"/@reload","value":true}]'
 MARKER_KEY = "@reload"
 
 
+Row = tuple[str, list[bytes]]  # a data key and its values (JSON text), in the page's column order
+
+
 @dataclass
 class PageRows:
     """A page's rows of one section, by partition: data key and the values
     (JSON text) in the order of ``columns``."""
 
     columns: Sequence[str]
-    by_partition: dict[str, list[tuple[str, list[bytes]]]] = field(default_factory=dict)
+    by_partition: dict[str, list[Row]] = field(default_factory=dict)
 
     def add(self, partition: str, key: str, values: list[bytes]) -> None:
         rows = self.by_partition.get(partition)
@@ -109,7 +118,7 @@ class BulkWriter:
         ]
         head += page.columns
         calls: list[tuple[list[str], list[object]]] = []
-        order: list[tuple[str, list[tuple[str, list[bytes]]]]] = []
+        order: list[tuple[str, list[Row]]] = []
         for partition, rows in page.by_partition.items():
             prefix = self.layout.document_prefix(partition, section)
             base = [
@@ -117,13 +126,8 @@ class BulkWriter:
                 self.layout.index(partition, section),
                 self.layout.seen(partition, section),
             ]
-            for start in range(0, len(rows), ROWS_PER_CALL):
-                chunk = rows[start : start + ROWS_PER_CALL]
-                flat: list[bytes] = []  # bulk_load.lua's last argument: data key, values, data key, ...
-                for key, values in chunk:
-                    flat.append(key.encode())
-                    flat += values
-                calls.append((base + [prefix + key for key, _ in chunk], [*head, mpack.strings(flat)]))
+            for chunk, packed in _packed_calls(rows):
+                calls.append((base + [prefix + key for key, _ in chunk], [*head, packed]))
                 order.append((partition, chunk))
         replies = await scripts.run_many(self.client, scripts.BULK_LOAD, calls, self.config.url)
         outcome = _outcome(replies, order, self.config.url)
@@ -162,6 +166,29 @@ class BulkWriter:
         await cluster_wait.confirm(self.client, keys, self._acks, self.config.url, what=what)
 
 
+def _packed_calls(rows: list[Row]) -> Iterator[tuple[list[Row], bytes]]:
+    """``rows`` cut into calls of at most ``ROWS_PER_CALL`` rows, each with
+    its rows packed as bulk_load.lua's last argument (data key, values, data
+    key, ...), halved until that is within ``MAX_CALL_BYTES`` or one row.
+    Packed first and measured after: the common call is packed once."""
+    for start in range(0, len(rows), ROWS_PER_CALL):
+        yield from _within_budget(rows[start : start + ROWS_PER_CALL])
+
+
+def _within_budget(chunk: list[Row]) -> Iterator[tuple[list[Row], bytes]]:
+    flat: list[bytes] = []
+    for key, values in chunk:
+        flat.append(key.encode())
+        flat += values
+    packed = mpack.strings(flat)
+    if len(packed) <= MAX_CALL_BYTES or len(chunk) == 1:
+        yield chunk, packed
+        return
+    half = len(chunk) // 2
+    yield from _within_budget(chunk[:half])
+    yield from _within_budget(chunk[half:])
+
+
 def _reset_mode(reset: bool, sweep: bool) -> str:
     """bulk_load.lua's ARGV[3]. Without a sweep the ``@seen`` set is not
     written: it would be deleted unread, after costing Redis an SADD a row
@@ -178,9 +205,7 @@ def fence_field(table: str) -> str:
     return orjson.dumps(table).decode()
 
 
-def _outcome(
-    replies: list[object], order: list[tuple[str, list[tuple[str, list[bytes]]]]], url: str
-) -> BulkOutcome:
+def _outcome(replies: list[object], order: list[tuple[str, list[Row]]], url: str) -> BulkOutcome:
     outcome = BulkOutcome()
     for reply, (partition, chunk) in zip(replies, order, strict=True):
         if isinstance(reply, BaseException):

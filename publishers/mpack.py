@@ -1,7 +1,8 @@
 """A MessagePack array of strings (the ``str`` family), framed in C-level
 passes (``publishers.framing``): the one argument that carries a bulk
 snapshot call's rows to ``bulk_load.lua``, which reads it with Redis's
-``cmsgpack.unpack`` (a library every Redis since 2.6 gives its scripts).
+``cmsgpack.unpack`` (lua-cmsgpack, part of every Redis this project supports:
+7.0 and later, docs/REDIS.md).
 
 Why one argument and not one a value: Redis parses every argument of a
 command (RESP, an object allocated and freed) before making it a Lua string;

@@ -37,18 +37,20 @@ sidecar that lost the lease could otherwise write after the new owner), and
 a subscriber's load (load_partition.lua) sees a call's rows all or none.
 
 Every row is a whole document: a key already there is deleted and written
-again, so a column the row lacks (a dropped column) does not survive. With a
-reset the row is written at once and the key found there only when HSET
-added fewer fields than the row has (rare: a snapshot over documents); a
-partial snapshot reads @v first. Versions are
-compared as decimal strings (length, then bytes), never as Lua numbers.
+again, so a column the row lacks (a dropped column) does not survive. Reset
+"n" (documents there are rare) writes the row at once and finds a key there
+only when HSET added fewer fields than the row has; "1" and "0" (documents
+there are the rule) read @v first. Versions are compared as decimal strings
+(length, then bytes), never as Lua numbers.
 --]]
 
 local call, pcall_redis, unpack = redis.call, redis.pcall, unpack
 local fence_key, index, seen_set = KEYS[1], KEYS[2], KEYS[3]
 local tbl, token, version, ts = ARGV[1], ARGV[2], ARGV[4], ARGV[5]
-local reset, record = ARGV[3] ~= '0', ARGV[3] == '1'
+local mode = ARGV[3]
+local reset, record = mode ~= '0', mode == '1'
 local ncols = tonumber(ARGV[6])
+local rows = cmsgpack.unpack(ARGV[7 + ncols])  -- before anything is written: a bad argument fails here
 
 local function newer(a, b)
   if #a ~= #b then return #a > #b end
@@ -74,14 +76,15 @@ end
 -- writes only its values between them (Redis CPU a row of ten columns, median
 -- 7.38 -> 7.11 us: eight interleaved runs of 100 calls of 1,000 rows, INFO cpu)
 local fields = {'@v', version, '@ts', ts}
-local a = 7
-for c = 1, ncols do fields[3 + 2 * c] = ARGV[a]; a = a + 1 end
+for c = 1, ncols do fields[3 + 2 * c] = ARGV[6 + c] end
 
--- a reset writes first and looks after: HSET adds every field of the row to
--- a key that held nothing, fewer to a document already there, which is then
--- deleted and written whole. One Redis call a row instead of an HGET before
--- the HSET: Redis CPU a row of ten columns, median 6.75 -> 6.35 us (five
--- interleaved runs of 200 calls of 1,000 rows, INFO cpu)
+-- reset "n" writes first and looks after: HSET adds every field of the row
+-- to a key that held nothing, fewer to a document already there, which is
+-- then deleted and written whole. One Redis call a row instead of an HGET
+-- before the HSET: Redis CPU a row of ten columns, median 6.75 -> 6.35 us
+-- (five interleaved runs of 200 calls of 1,000 rows, INFO cpu). Not for "1"
+-- or "0", whose keys mostly hold documents: HSET, DEL, HSET would cost more
+-- than HGET, DEL, HSET, and replicas and the AOF would get three writes a row.
 local nfields = 2 + ncols
 local function write_over(doc)
   local added = pcall_redis('HSET', doc, unpack(fields))
@@ -96,21 +99,20 @@ local function write_over(doc)
   return 'w'
 end
 
-local function write_unless_newer(doc)
+local function write_read_first(doc)
   local seen = pcall_redis('HGET', doc, '@v')
   if type(seen) == 'table' and seen.err then return 'x' end
-  if seen and newer(seen, version) then return 's' end
+  if seen and not reset and newer(seen, version) then return 's' end
   if seen then call('DEL', doc) end
   call('HSET', doc, unpack(fields))
   return 'w'
 end
-local write = reset and write_over or write_unless_newer
+local write = mode == 'n' and write_over or write_read_first
 
 -- the page's keys are added to the index and to the seen set after the loop,
 -- in one variadic SADD each, not one SADD a row: Redis CPU a row of ten
 -- columns, median 16.3 -> 15.3 us (six interleaved runs of 100 calls of 1,000
 -- rows each, INFO cpu, quiet machine)
-local rows = cmsgpack.unpack(ARGV[a])
 local statuses, indexed, written = {}, {}, {}
 local r = 1
 for i = 1, #KEYS - 3 do

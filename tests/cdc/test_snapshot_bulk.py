@@ -149,9 +149,12 @@ async def test_values_of_every_length_are_written_byte_for_byte(manager: DataMan
         assert stored == values
 
 
-async def test_a_full_write_over_documents_leaves_nothing_of_them(manager: DataManager) -> None:
+@pytest.mark.parametrize("sweep", [True, False], ids=["sweeping", "first"])
+async def test_a_full_write_over_documents_leaves_nothing_of_them(manager: DataManager, sweep: bool) -> None:
     """A document already there is written whole again, whatever it held:
-    every field of the row's, none of its own that the row lacks."""
+    every field of the row's, none of its own that the row lacks; both for a
+    snapshot that sweeps (which reads @v first) and for one with nothing to
+    sweep (which writes first and finds the document after)."""
     writer = manager.bulk_writer()
     await writer.write(TABLE, SECTION, page(("1", 1, "a"), ("2", 2, "b")), version=5, reset=True, fence=0)
     document = manager.layout.document(P, SECTION, "2")
@@ -159,13 +162,41 @@ async def test_a_full_write_over_documents_leaves_nothing_of_them(manager: DataM
     second = PageRows(("id", "qty"))  # a column dropped since
     for key in ("1", "2", "3"):
         second.add(P, key, [key.encode(), b"9"])
-    assert (await writer.write(TABLE, SECTION, second, version=6, reset=True, fence=0)).written == 3
+    assert (
+        await writer.write(TABLE, SECTION, second, version=6, reset=True, fence=0, sweep=sweep)
+    ).written == 3
     for key in ("1", "2", "3"):
         assert {k: v for k, v in (await fields(manager, key)).items() if k != "@ts"} == {
             "@v": "6",
             "id": key,
             "qty": "9",
         }
+
+
+async def test_rows_past_the_servers_argument_limit_are_written_in_several_calls(
+    manager: DataManager,
+) -> None:
+    """A call's rows travel as one argument, which Redis refuses past
+    proto-max-bulk-len by dropping the connection: a page of large rows is
+    cut into calls within that limit (here lowered to 10 MB; 40 rows of
+    500 KB, 20 MB in all), not retried for ever."""
+    client: Any = manager.client
+    nodes = {"target_nodes": "all"} if manager.config.cluster else {}
+    one = {"target_nodes": "random"} if manager.config.cluster else {}
+    before = (await client.config_get("proto-max-bulk-len", **one))["proto-max-bulk-len"]
+    rows = PageRows(("id", "blob"))
+    for key in range(40):
+        rows.add(P, str(key), [b"%d" % key, b'"' + b"x" * 500_000 + b'"'])
+    await client.config_set("proto-max-bulk-len", "10mb", **nodes)
+    try:
+        outcome = await asyncio.wait_for(
+            manager.bulk_writer().write(TABLE, SECTION, rows, version=7, reset=True, fence=0), 30
+        )
+    finally:
+        await client.config_set("proto-max-bulk-len", before, **nodes)
+    assert outcome.written == 40
+    assert await manager.client.scard(manager.layout.index(P, SECTION)) == 40
+    assert await manager.client.hstrlen(manager.layout.document(P, SECTION, "39"), "blob") == 500_002
 
 
 async def test_a_damaged_index_fails_the_page_before_anything_is_written(manager: DataManager) -> None:
