@@ -1,5 +1,4 @@
-"""A MessagePack array of strings (the ``str`` family), framed in C-level
-passes (``publishers.framing``): the one argument that carries a bulk
+"""A MessagePack array of strings: the one argument that carries a bulk
 snapshot call's rows to ``bulk_load.lua``, which reads it with Redis's
 ``cmsgpack.unpack`` (lua-cmsgpack, part of every Redis this project supports:
 7.0 and later, docs/REDIS.md).
@@ -15,25 +14,16 @@ is 1.73 -> 0.54 µs a row; unpacking gives most of that back.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from publishers import framing
+import msgpack  # type: ignore[import-untyped]
 
 
-def _head(length: int) -> bytes:
-    """A str's head: fixstr, str 8, str 16 or str 32 (MessagePack spec)."""
-    if length < 32:
-        return bytes((0xA0 | length,))
-    if length < 1 << 8:
-        return b"\xd9" + length.to_bytes(1, "big")
-    if length < 1 << 16:
-        return b"\xda" + length.to_bytes(2, "big")
-    return b"\xdb" + length.to_bytes(4, "big")
+def strings(values: list[bytes]) -> bytes:
+    """An array of ``values``, each a string (their bytes as given: JSON text).
 
-
-_HEADS = framing.heads_table(_head)
-
-
-def strings(values: Sequence[bytes]) -> bytes:
-    """An array 32 of ``values``, each a str (their bytes as given: JSON text)."""
-    return b"\xdd" + len(values).to_bytes(4, "big") + b"".join(framing.interleaved(values, _HEADS, _head))
+    ``use_bin_type=False``: bytes as the raw/str family (fixstr, str 16, str
+    32), which cmsgpack reads; it refuses the bin family. msgpack's C packer:
+    0.33 µs a row of the bench's ten columns, against 0.67 for the same bytes
+    framed in Python (a len, a prebuilt head and a join a value; timeit,
+    1,000-row calls)."""
+    packed: bytes = msgpack.packb(values, use_bin_type=False)
+    return packed

@@ -13,18 +13,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from publishers import framing
-
 CRLF = b"\r\n"
-
-
-def _head(length: int) -> bytes:
-    return b"$%d" % length
-
-
-_HEADS = framing.heads_table(_head)
+# "$<n>" for every length below this; a longer argument is formatted on its own
+_PREBUILT = 4096
+_HEADS = [b"$%d" % n for n in range(_PREBUILT)]
 
 
 def command(args: Sequence[bytes]) -> bytes:
     """The RESP array of bulk strings that sends ``args`` (every one bytes)."""
-    return b"*%d\r\n" % len(args) + CRLF.join(framing.interleaved(args, _HEADS, _head)) + CRLF
+    lengths = list(map(len, args))
+    try:
+        heads = list(map(_HEADS.__getitem__, lengths))
+    except IndexError:  # an argument of _PREBUILT bytes or more
+        heads = [_HEADS[n] if n < _PREBUILT else b"$%d" % n for n in lengths]
+    framed: list[bytes] = [b""] * (2 * len(args))
+    framed[0::2] = heads
+    framed[1::2] = args
+    return b"*%d\r\n" % len(args) + CRLF.join(framed) + CRLF

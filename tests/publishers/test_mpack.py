@@ -1,7 +1,7 @@
 """``publishers.mpack``: a bulk snapshot call's rows travel as one MessagePack
 array that ``bulk_load.lua`` unpacks with Redis's own ``cmsgpack``; Redis is
 the judge that every value comes back byte for byte, at every head size
-(fixstr, str 8, str 16, str 32) and across the prebuilt heads' edge."""
+(fixstr, str 16, str 32)."""
 
 from __future__ import annotations
 
