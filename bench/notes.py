@@ -9,8 +9,15 @@ NOTES = """
   the same run. The machine has 2 vCPUs for PostgreSQL, Redis, the sidecar and the load generators;
   see "Quiet machine" at the top. Figures move by 10-30% between runs, and the machine itself
   changes from session to session (2026-11-22 an Intel Xeon, 2026-11-23 an AMD EPYC, this run's
-  2026-11-24 an Intel Xeon again, with every absolute figure higher: the loader 42,463 rows/s here,
-  24,386 on 2026-11-23). Compare runs by their ratios, not their absolute figures.
+  2026-11-24 an Intel Xeon again, with every absolute figure higher: the loader 42,463 rows/s at
+  06:03, 24,386 on 2026-11-23). Compare runs by their ratios, not their absolute figures.
+- **The same host moves within a day.** This run (09:09) and the one before it (06:03, kept as
+  `bench/results/full-2026-11-24-0603.md`) ran the same drain code on the same machine, both
+  "quiet": the reference itself, Redis CPU of the same plain commands, went 7.35 -> 8.3 µs a change
+  (+13%), the loader 42,463 -> 38,826 rows/s, pgbench untracked 8,291 -> 7,894 tps. The drain's
+  ratios moved with it: sidecar 1.32x -> 1.41x, Redis apply 2.09x -> 2.11x, drain 60% -> 56% of
+  the ceiling. Nothing on the drain's path changed between them (the commits between touch the
+  snapshot's write only).
 - **The naive baseline is the weak point of the drain ratios.** It is bound by round trips through
   redis-py's asyncio client, and their cost on this VM moves from run to run: 1,674/s in this run,
   2,100-2,400/s on a quiet machine on 2026-11-22 (a plain `redis.asyncio.Redis` loop of 3 x 5,000 HSET+PUBLISH pairs
@@ -22,10 +29,10 @@ NOTES = """
   (section 7, batch 2000: reading and decoding the row, encoding ten JSON values, building the Lua
   call), Redis ~15 µs (the apply script), PostgreSQL a few µs: Redis is the busier side, and the
   drain reaches 60% of the apply ceiling (the ceiling being Redis alone, fed from memory).
-- Snapshot (the bulk snapshot, items 16 and 20 below): one table, one partition. Two pages are in
-  flight (item 20), so Redis is the bound: busy ~97% of the snapshot (`bulk_load.lua`: the fence,
-  an HGET and an HSET a row, the index a page at a time), ~7.4 µs of its CPU a row; the sidecar
-  ~4.6 µs, PostgreSQL ~2.7 µs. The one-off loader spends ~20 µs of its own CPU a row (redis-py
+- Snapshot (the bulk snapshot, items 16, 20 and 22 below): one table, one partition. Two pages are
+  in flight (item 20), so Redis is the bound: busy ~96% of the snapshot (`bulk_load.lua`: the fence,
+  the rows unpacked from one MessagePack argument, an HSET a row, the index a page at a time),
+  ~7.5 µs of its CPU a row on this run's host; the sidecar ~3.8 µs, PostgreSQL ~2.9 µs. The one-off loader spends ~20 µs of its own CPU a row (redis-py
   building and parsing a pipeline of HSETs) and Redis ~4 µs: its Redis is idle most of the time.
 - Idle: "Redis commands/s" counts the commands run inside scripts too (a lease renewal is an EVAL, a
   GET and a PEXPIRE); the sidecar sends ~30 calls/s for 50 tables, in two pipelines per lease round.
@@ -158,27 +165,49 @@ figures are from development runs on this machine (same sizes as the quick mode,
     (2026-11-24 01:29) -> 9.8 µs = 1.32x (2026-11-24 06:03); the Redis apply 2.05x and 2.09x (the same
     bytes reach Redis: the difference is the run's).
 
+22. **The snapshot's rows as one MessagePack argument, one HSET a row** (`publishers/mpack.py`,
+    `publishers/lua/bulk_load.lua`, `publishers/bulk.py`, `cdc/snapshot_pages.py`; issue 17's
+    snapshot-vs-loader target). A call's 1,000 rows travel as one argument that the script unpacks
+    with Redis's `cmsgpack`, instead of 11 arguments a row (Redis parses each argument into an
+    object before making it a Lua string); a snapshot with nothing to sweep writes a row with one
+    HSET and deletes and rewrites only a key where HSET found fields already (a re-snapshot still
+    reads `@v` first: HSET, DEL, HSET would cost it more). Redis CPU a row, `bulk_load.lua` on
+    `bench.bulk_floor`'s calls (200 calls of 1,000 rows, five interleaved rounds, medians): 6.75 as
+    before, 6.35 without the HGET, 6.04 with the MessagePack argument too. The sidecar packs the
+    argument with msgpack's C packer, in place of hiredis packing 11 arguments a row: its CPU in the
+    snapshot 4.4-4.8 -> 3.8-4.0 µs a row (py-spy before: hiredis's `pack` 20% of the sidecar's
+    samples). A call is halved until its argument is within 8 MiB (Redis drops the connection on
+    an argument past `proto-max-bulk-len`). Whole 1,000,000-row snapshots, same host, minutes apart
+    (three sidecar runs each on one table, each as `python -m bench --only snapshot` runs it):
+    115,835-125,913 rows/s before, 125,188-134,553 after; this run 128,916 rows/s, 3.32x its loader
+    (3.0x at 06:03).
+
 Tried and dropped: preparing the next batch's Lua arguments while the batch before is in Redis (the
 sidecar is CPU-bound, so it only moved the same work earlier: no gain measured).
 
 ## Why the missed targets are missed
 
-Of issue 17's targets, met: the snapshot's 50,000 rows/s (127,243), the sidecar's CPU <= 1.4x the
-reference (1.32x), the Redis apply's <= 2.1x (2.09x), the drain's >= 60% of the ceiling at batch 2000
-(60%), the subscriber's 50,000 messages/s (69,670), and pgbench >= 0.80x with logical capture when no
-sidecar runs during the run, as the trigger runs are measured (0.99x). Missed:
+Of issue 17's targets, met in this run: the snapshot's 50,000 rows/s (128,916), the subscriber's
+50,000 messages/s (56,419), and pgbench >= 0.80x with logical capture when no sidecar runs during the
+run, as the trigger runs are measured (0.96x). The three drain targets were met at 06:03 (sidecar
+1.32x, Redis apply 2.09x, 60% of the ceiling) and are missed here by little (1.41x, 2.11x, 56%) on the
+same drain code, on a host 13% slower at the reference's own Redis commands ("How to read" above):
+they sit at the edge of this machine, not beyond it. Missed:
 
-- **Snapshot >= 3.5x the one-off loader** (3.0x: 127,243 against 42,463 rows/s). Redis is the bound
-  (~7.4 µs of its CPU a row, busy ~94% of the snapshot) where the loader's Redis spends ~4 µs a row on
-  plain HSETs; 3.5x is ~149,000 rows/s, so at most ~6.7 µs of Redis a row with Redis busy all the
-  time. `python -m bench.bulk_floor` measures where `bulk_load.lua` spends it, on the same 1,000-row
-  calls (2026-11-24, median of 5 interleaved rounds): taking the call's arguments in (parsing, the
-  KEYS and ARGV tables) 1.83 µs a row, the loop over the rows 2.39, with the HSET of each row's
-  twelve fields 6.00, and as shipped (the HGET that tells a document of another type and an
-  existing one, the index's SADD) 7.08. The arguments and the HSET alone are 6.0 µs: the target
-  leaves nothing for the index, which the layout requires (docs/REDIS.md), so it is out of reach for
-  one hash a document on this machine. Cheaper argument layouts measured worse: a row as one argument
-  split in Lua +0.5 µs, and MULTI/EXEC of plain HSETs 10.5 µs a row.
+- **Snapshot >= 3.5x the one-off loader** (3.32x: 128,916 against 38,826 rows/s; 3.0x at 06:03
+  before item 22). Redis is the bound (~7.5 µs of its CPU a row, busy ~96% of the snapshot) where
+  the loader's Redis spends ~4-5 µs a row on plain HSETs of the same rows; 3.5x is ~136,000 rows/s
+  against this run's loader (~149,000 against the 06:03 one), so at most ~7.0 µs (~6.4) of Redis a
+  row with Redis busy all the time. `python -m bench.bulk_floor` measures where `bulk_load.lua`
+  spends it, on 1,000-row calls into a fresh Redis: taking the call in (the KEYS and the one
+  MessagePack argument) ~0.55 µs a row, with the rows unpacked and the loop ~2.1, with the HSET of
+  each row's twelve fields ~5.6, as shipped (the index's SADD) ~6.2; in the snapshot, into a
+  keyspace growing to a million documents and a million-member index, ~7.5. The HSET and the index
+  are the layout (docs/REDIS.md: one hash a document, `@v` and `@ts` in it); the loader writes
+  neither the two fields nor the index. Measured worse or no better: a row as one argument split in
+  Lua (+0.5 µs), MULTI/EXEC of plain HSETs (10.5 µs), the index member cut from the document key in
+  Lua instead of sent (no gain). Where the host runs as at 06:03 the same code may reach it; on
+  this run's host it does not.
 - **pgbench with the trigger capture >= 0.80x without** (0.48x, median of 8 interleaved pairs). The
   capture trigger is a row trigger that upserts the net change: ~36 µs of the ~100 µs a row is the
   upsert, ~15 µs calling the function; an append-only log measured the same, and statement triggers
@@ -200,9 +229,10 @@ sidecar runs during the run, as the trigger runs are measured (0.99x). Missed:
   `bench/results/APPLY.md`); that is the apply ceiling.
 - The sidecar's remaining CPU per drained change is spread out (py-spy, self time, after item 21):
   framing the call 10.9%, splitting the row's JSON text 9.9%, the change reader 9.1%, building the
-  call 8.9%, admitting the change 7.7%. The snapshot's calls still go through hiredis's packer
-  (17% of the snapshot sidecar's CPU): framing them as the apply's would free ~0.4 µs a row of a
-  core Redis shares, not Redis's own CPU, which bounds the snapshot.
+  call 8.9%, admitting the change 7.7%.
+- The snapshot sidecar's remaining CPU (~3.8 µs a row) is mostly reading the page (psycopg) and the
+  per-row mapping loop (`cdc/snapshot_pages.py`); with Redis busy ~96%, less of it would not make
+  the snapshot faster on two cores.
 - After this run, the sidecars' SCAN for each other's heartbeats every lease round (a round trip per
   thousand keys of a keyspace that holds every document) was replaced by the worker registry
   `ns:@workers` (docs/REDIS.md); one more script call per round, not measured again here.
