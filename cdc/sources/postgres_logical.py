@@ -242,18 +242,23 @@ class PostgresLogicalSource(PostgresSource):
             cap *= 4
 
     async def _rows(self, conn: Connection, info: TableInfo, net: NetChanges) -> list[ChangeRow]:
-        names, changes = info.column_names, list(net.items())
-        wanted = [k for k, _, _, values in changes if values and any(v is UNCHANGED for v in values.values())]
+        changes = list(net.items())
+        # each row's published columns; a value the WAL did not carry (UNCHANGED) is read from the table
+        published_rows = [None if v is None else {c: v[c] for c in info.column_names} for *_, v in changes]
+        wanted = [
+            change[0]
+            for change, published in zip(changes, published_rows, strict=True)
+            if published is not None and any(v is UNCHANGED for v in published.values())
+        ]
         found_rows = await pg_keyed.current_rows(conn, info, wanted, ordinary=self._ordinary(info))
         current = dict(zip(wanted, found_rows, strict=True))
         rows = []
-        for key_values, op, version, values in changes:
+        for (key_values, op, version, _), published in zip(changes, published_rows, strict=True):
             key = dict(zip(info.primary_key, key_values, strict=True))
-            if values is None:
+            if published is None:
                 rows.append(ChangeRow("D", version, key, None))
                 continue
-            published = {c: values[c] for c in names}
-            if any(v is UNCHANGED for v in published.values()):
+            if key_values in current:
                 found = current[key_values]
                 if found is None:
                     continue  # gone since: its delete is in a later read
