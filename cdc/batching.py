@@ -12,7 +12,10 @@
   grow with the load by themselves. ``max_wait`` is only an upper bound: a
   batch is closed after it even if producers keep trickling changes in.
 - One applier, in queue order: each table's changes reach Redis in the order
-  they were read, which keeps per-partition version order.
+  they were read, which keeps per-partition version order. Under a backlog
+  (a whole batch already queued) the apply function may take the next batch
+  while its calls are in Redis (``take_ahead``) to prepare it meanwhile; that
+  batch is the next one applied, and still counts against ``capacity``.
 - A batch that fails on a transient Redis error is retried, whole, with
   exponential backoff and equal jitter, for as long as the outage lasts (replays are
   harmless under the apply rule). Content failures are isolated by the data
@@ -51,6 +54,7 @@ log = logging.getLogger("cdc.batching")
 RETRY_WAIT = equal_jitter(0.1, 5.0)
 
 ApplyFn = Callable[[Sequence[Change]], Awaitable[ApplyResult]]
+Queued = tuple[Change, "Ticket"]
 # Producers yield to the event loop after this many single puts (and after
 # every ``put_many``), so that the applier sends the next batch as soon as
 # Redis answers the last one, instead of waiting until the queue is full again
@@ -125,10 +129,11 @@ class AutoBatchWorker:
         on_degraded: Callable[[BaseException | None], None] | None = None,
     ) -> None:
         self._apply = apply
+        self._ahead: tuple[list[Queued], list[Change]] | None = None  # taken by ``take_ahead``
         self.max_batch_size = max_batch_size
         self.max_wait = max_wait
         self.capacity = max(1, capacity)
-        self._items: deque[tuple[Change, Ticket]] = deque()
+        self._items: deque[Queued] = deque()
         self._unfinished = 0  # queued or being applied
         self._not_empty = asyncio.Event()
         self._room = asyncio.Event()
@@ -167,7 +172,7 @@ class AutoBatchWorker:
     async def _put(self, changes: Sequence[Change], ticket: Ticket) -> None:
         start, end = 0, len(changes)
         while start < end:
-            room = self.capacity - len(self._items)
+            room = self.capacity - len(self._items) - (len(self._ahead[0]) if self._ahead else 0)
             if room <= 0:
                 self._room.clear()
                 await self._room.wait()
@@ -200,27 +205,45 @@ class AutoBatchWorker:
             pass
         self._task = None
 
+    def take_ahead(self) -> list[Change] | None:
+        """The next batch, taken now, while the apply function's calls are in
+        Redis, so that it can be prepared meanwhile: only when a whole batch is
+        queued already (a backlog; under a lighter load the next batch goes on
+        filling while this one is in flight). It is the next batch applied (by
+        this applier, or by the next one started should this one crash)."""
+        if self._ahead is not None or len(self._items) < self.max_batch_size:
+            return None
+        self._ahead = self._take()
+        return self._ahead[1]
+
     async def _run(self) -> None:
         while True:
-            batch = await self._next_batch()
+            batch, changes = self._ahead or await self._next_batch()
+            if self._ahead is not None:
+                self._ahead = None
+                self._room.set()
             try:
-                result = await self._apply_with_retry([change for change, _ in batch])
+                result = await self._apply_with_retry(changes)
             finally:
                 self._unfinished -= len(batch)
                 if not self._unfinished:
                     self._all_done.set()
             _complete(batch, _refusals(result))
 
-    async def _next_batch(self) -> list[tuple[Change, Ticket]]:
+    async def _next_batch(self) -> tuple[list[Queued], list[Change]]:
         """What is queued, up to ``max_batch_size``: taken at once, so a batch
         never waits for more (``max_wait`` bounds it trivially)."""
         while not self._items:
             self._not_empty.clear()
             await self._not_empty.wait()
-        items = self._items
-        batch = [items.popleft() for _ in range(min(self.max_batch_size, len(items)))]
+        batch = self._take()
         self._room.set()
         return batch
+
+    def _take(self) -> tuple[list[Queued], list[Change]]:
+        items = self._items
+        batch = [items.popleft() for _ in range(min(self.max_batch_size, len(items)))]
+        return batch, [change for change, _ in batch]
 
     async def _apply_with_retry(self, changes: list[Change]) -> ApplyResult:
         started = time.monotonic()

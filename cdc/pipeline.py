@@ -33,7 +33,7 @@ from cdc.sources import make_source
 from cdc.sources.base import ChangeSource
 from cdc.tracker import ChangeTracker
 from publishers import control
-from publishers.manager import DataManager
+from publishers.manager import DataManager, Prepared
 from publishers.model import ApplyResult, Change
 
 log = logging.getLogger("cdc.pipeline")
@@ -71,6 +71,7 @@ class Pipeline:
             on_result=self._on_result,
             on_degraded=self._on_redis_degraded,
         )
+        self._prepared: Prepared | None = None  # the next batch, made ready while Redis ran one
 
     @property
     def manager(self) -> DataManager:
@@ -166,7 +167,18 @@ class Pipeline:
                     tracker.wake.set()
 
     async def _apply(self, changes: Sequence[Change]) -> ApplyResult:
-        return await self.manager.apply(changes)
+        """Apply a batch, preparing the next one while its calls are in Redis
+        (under a backlog: ``AutoBatchWorker.take_ahead``), so that Redis does
+        not wait for that work between batches."""
+        prepared = self._prepared
+        if prepared is not None and prepared.changes is changes:
+            self._prepared = None  # used once: a retry makes its batch again (a new timestamp)
+        return await self.manager.apply(changes, prepared=prepared, meanwhile=self._prepare_next)
+
+    def _prepare_next(self) -> None:
+        changes = self.worker.take_ahead()
+        if changes is not None:
+            self._prepared = self.manager.prepare(changes)
 
     def _on_result(self, changes: Sequence[Change], result: ApplyResult, latency: float) -> None:
         self.redis.answered(APPLY)

@@ -34,19 +34,19 @@ Redis call.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import cached_property, lru_cache
 from typing import Any
 
-import orjson
 from redis import exceptions as rex
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import ConnectionPool
 
-from publishers import cluster_wait, redis_calls, resp, scripts
+from publishers import cluster_wait, redis_calls, scripts
+from publishers.apply_calls import Call, CallPlan, Prepared
 from publishers.connection import RedisClient
 from publishers.durability import Acknowledgements
 from publishers.layout import Layout
@@ -59,7 +59,6 @@ Reject = Callable[[Change, str, ApplyResult], Awaitable[None]]
 
 
 MAX_CHANGES_PER_CALL = 1000
-MAX_CALL_BYTES = 8 << 20  # values per script call: bounds the time Redis is busy
 MAX_ROW_BYTES = 1 << 20
 
 Reply = Any  # a decoded Redis reply, or the exception a pipeline slot raised
@@ -68,115 +67,6 @@ Reply = Any  # a decoded Redis reply, or the exception a pipeline slot raised
 def apply_script() -> bytes:
     """The text of ``lua/apply.lua``, shipped as package data."""
     return scripts.APPLY.text
-
-
-@lru_cache(maxsize=4096)
-def _column_args(column: str) -> tuple[bytes, bytes, bytes]:
-    """Hash field, JSON name and JSON RFC 6901 path of a column, so that the
-    script never escapes JSON or JSON Pointer itself."""
-    pointer = "/" + column.replace("~", "~0").replace("/", "~1")
-    return column.encode(), orjson.dumps(column), orjson.dumps(pointer)
-
-
-@lru_cache(maxsize=1024)
-def _names_check(names: tuple[str, ...]) -> tuple[str | None, int]:
-    """(problem with a row's column names or None, their size in bytes)."""
-    reserved = [name for name in names if name.startswith("@")]
-    problem = f"reserved column name(s): {', '.join(reserved)}" if reserved else None
-    return problem, sum(len(name) for name in names)
-
-
-@dataclass
-class _Call:
-    """One ``apply.lua`` call: a chunk of one partition's changes. Its KEYS
-    and ARGV are built on first use, so that a call can be built while Redis
-    runs the one sent before it."""
-
-    layout: Layout
-    header: tuple[Any, ...]
-    partition: str
-    changes: list[Change]
-
-    @cached_property
-    def command(self) -> tuple[list[bytes], list[bytes]]:
-        builder = _CallBuilder(self.layout, self.partition)
-        for change in self.changes:
-            builder.add(change)
-        return builder.keys_and_args(self.header)
-
-    def packed(self, sha: bytes) -> bytes:
-        """The call's EVALSHA as RESP (``publishers.resp``: every argument is bytes)."""
-        keys, args = self.command
-        return resp.command([b"EVALSHA", sha, b"%d" % len(keys), *keys, *args])
-
-
-class _CallBuilder:
-    """KEYS and ARGV of one call, laid out as apply.lua's header describes.
-
-    Columns are sent once per call and rows refer to a *shape* (their column
-    list), so a row costs one argument per value plus six, not three per column.
-    """
-
-    def __init__(self, layout: Layout, partition: str) -> None:
-        self.layout, self.partition = layout, partition
-        self.prefix = layout.prefix(partition)
-        self.groups: dict[tuple[str, str], tuple[bytes, str]] = {}  # -> (group number, document key prefix)
-        self.group_args: list[bytes] = []
-        self.index_keys: list[str] = []
-        self.columns: dict[str, int] = {}
-        self.column_args: list[bytes] = []
-        self.shapes: dict[tuple[str, ...], bytes] = {}
-        self.shape_args: list[bytes] = []
-        self.doc_keys: list[str] = []
-        self.change_args: list[bytes] = []
-
-    def add(self, change: Change) -> None:
-        """Append one change (the hot path: a few dict lookups and one extend;
-        every argument bytes, for ``publishers.resp``)."""
-        group, doc_prefix = self.groups.get((change.section, change.table)) or self._group(change)
-        self.doc_keys.append(doc_prefix + change.key)
-        values = change.values
-        reset = b"1" if change.reset else b"0"
-        version = b"%d" % change.version
-        if change.op == "D" or values is None:
-            self.change_args += (group, orjson.dumps(change.key), b"D", version, reset, b"0")
-            return
-        names = tuple(values)
-        shape = self.shapes.get(names) or self._shape(names)
-        self.change_args += (group, orjson.dumps(change.key), change.op.encode(), version, reset, shape)
-        self.change_args += values.values()
-
-    def _group(self, change: Change) -> tuple[bytes, str]:
-        doc_prefix = f"{self.prefix}{change.section}:"
-        group = self.groups[(change.section, change.table)] = (b"%d" % (len(self.groups) + 1), doc_prefix)
-        self.index_keys.append(self.layout.index(self.partition, change.section))
-        self.group_args += (orjson.dumps(change.section), orjson.dumps(change.table))
-        channel = self.layout.channel(self.partition, change.section)
-        self.group_args += (channel.encode(), b"%d" % len(doc_prefix.encode()), b"%d" % change.fence)
-        return group
-
-    def _shape(self, names: tuple[str, ...]) -> bytes:
-        indexes = []
-        for name in names:
-            if name not in self.columns:
-                self.columns[name] = len(self.columns) + 1
-                self.column_args.extend(_column_args(name))
-            indexes.append(self.columns[name])
-        shape = self.shapes[names] = b"%d" % (len(self.shapes) + 1)
-        self.shape_args += (b"%d" % len(indexes), *(b"%d" % i for i in indexes))
-        return shape
-
-    def keys_and_args(self, header: Sequence[bytes]) -> tuple[list[bytes], list[bytes]]:
-        keys = [
-            self.layout.seq(self.partition),
-            self.layout.stream(self.partition),
-            self.layout.fence(self.partition),
-        ]
-        keys += self.index_keys + self.doc_keys
-        counts = (len(self.groups), len(self.columns), len(self.shapes))
-        args = [orjson.dumps(self.partition), *header, *(b"%d" % n for n in counts)]
-        args += self.group_args + self.column_args + self.shape_args + self.change_args
-        return list(map(str.encode, keys)), args
 
 
 class Applier:
@@ -198,6 +88,7 @@ class Applier:
         self._reject = reject
         self.max_row_bytes = max_row_bytes
         self.max_changes_per_call = max(1, max_changes_per_call)
+        self._plan = CallPlan(layout, max_row_bytes, self.max_changes_per_call)
         self.script = scripts.APPLY.text
         self.sha = scripts.APPLY.sha
         self._sha = self.sha.encode()
@@ -213,68 +104,55 @@ class Applier:
         """Register every partition again from the next batch on (``PartitionSets.forget``)."""
         self._partition_sets.forget()
 
-    async def apply(self, changes: Sequence[Change], *, now: datetime | None = None) -> ApplyResult:
+    def prepare(self, changes: Sequence[Change], *, now: datetime | None = None) -> Prepared:
+        """What ``apply`` does before it needs Redis (``CallPlan.prepare``),
+        the calls packed too (on a single server). CPU only: the worker
+        prepares a batch while Redis runs the one before it (``cdc.batching``)."""
+        prepared = self._plan.prepare(changes, (timestamp(now).encode(), *self._header))
+        single = not isinstance(self.client, RedisCluster)
+        for call in itertools.chain.from_iterable(prepared.rounds):
+            if single:
+                call.packed(self._sha)
+            else:
+                _ = call.command  # a cached property: built now
+        return prepared
+
+    async def apply(
+        self,
+        changes: Sequence[Change],
+        *,
+        now: datetime | None = None,
+        prepared: Prepared | None = None,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> ApplyResult:
         """Apply a batch: per partition in order, atomically per call.
+        ``prepared``: ``prepare(changes)``, made earlier (else made now);
+        ``meanwhile`` runs once, while the first calls are in Redis.
 
         Raises ``RedisUnavailable`` on transient failures (retry the batch).
         """
+        if prepared is None or prepared.changes is not changes:
+            prepared = self.prepare(changes, now=now)
         result = ApplyResult()
-        by_partition: dict[str, list[tuple[Change, int]]] = {}
-        for change in changes:
-            problem, size = self._admit(change)
-            if problem is not None:
-                await self._reject(change, problem, result)
-            else:
-                by_partition.setdefault(change.partition, []).append((change, size))
+        for change, problem in prepared.refused:
+            await self._reject(change, problem, result)
+        by_partition, rounds = prepared.by_partition, prepared.rounds
         if not by_partition:
             return result
         pairs = {
             (change.section, partition) for partition, sized in by_partition.items() for change, _ in sized
         }
         registered, unwritable = await self._partition_sets.register(pairs)
-        batch = _Batch((timestamp(now).encode(), *self._header), result, registered)
+        batch = _Batch(prepared.header, result, registered, meanwhile=meanwhile)
         if unwritable:
             by_partition = _hold_unregistered(by_partition, unwritable, result)
-        chunked = [self._chunks(partition, sized) for partition, sized in by_partition.items()]
-        for round_ in itertools.zip_longest(*chunked):
-            calls = [_Call(self.layout, batch.header, *chunk) for chunk in round_ if chunk is not None]
+            rounds = self._plan.rounds(by_partition, batch.header)
+        for calls in rounds:
             await self._run_round(calls, batch)
+        batch.run_meanwhile()  # (no call was sent)
         return result
 
-    def _admit(self, change: Change) -> tuple[str | None, int]:
-        """Why ``change`` cannot be sent to Redis at all (or None), and its size
-        in bytes. Checks that only depend on the column names are cached per
-        column list, so a row costs one C-level pass over its values."""
-        if not change.partition:
-            return "empty partition value", 0
-        if not change.key:
-            return "empty data key", 0
-        if change.version < 0:
-            return f"negative version {change.version}", 0
-        values = change.values
-        if change.op == "D" or values is None:
-            return (None if change.op == "D" else f"op {change.op} without values"), 0
-        problem, names_size = _names_check(tuple(values))
-        size = names_size + sum(map(len, values.values()))
-        if problem is None and size > self.max_row_bytes:
-            problem = f"row of {size} bytes exceeds max_row_bytes ({self.max_row_bytes})"
-        return problem, size
-
-    def _chunks(self, partition: str, sized: list[tuple[Change, int]]) -> list[tuple[str, list[Change]]]:
-        """Split one partition's changes into calls bounded by count and bytes."""
-        chunks: list[tuple[str, list[Change]]] = []
-        current: list[Change] = []
-        total = 0
-        for change, size in sized:
-            if current and (len(current) >= self.max_changes_per_call or total + size > MAX_CALL_BYTES):
-                chunks.append((partition, current))
-                current, total = [], 0
-            current.append(change)
-            total += size
-        chunks.append((partition, current))
-        return chunks
-
-    async def _run_round(self, calls: list[_Call], batch: _Batch) -> None:
+    async def _run_round(self, calls: list[Call], batch: _Batch) -> None:
         """One call per partition in one round trip; a partition found
         blocked by an earlier round is not sent again (its later chunks are
         blocked with it, so that nothing of it passes what was not applied)."""
@@ -283,7 +161,7 @@ class Applier:
         calls = [call for call in calls if call.partition not in batch.blocked]
         if not calls:
             return
-        replies = await self._evalsha(calls)
+        replies = await self._evalsha(calls, batch.run_meanwhile)
         failed = [
             (call, reply)
             for call, reply in zip(calls, replies, strict=True)
@@ -296,7 +174,7 @@ class Applier:
             batch.first.clear()
             await self._partition_sets.registrations_lost(pairs, batch.registered)
 
-    def _settle(self, call: _Call, reply: Reply, batch: _Batch) -> bool:
+    def _settle(self, call: Call, reply: Reply, batch: _Batch) -> bool:
         """Record a call's outcome unless it failed on the content of its
         changes (then return False: bisect it). A FENCED or blocked call wrote
         nothing (but the changes before a section whose channel the ACL
@@ -333,13 +211,13 @@ class Applier:
             if partition in batch.blocked:
                 batch.block(partition, half, batch.blocked[partition])
                 continue
-            call = _Call(self.layout, batch.header, partition, half)
+            call = Call(self.layout, batch.header, partition, half)
             reply = (await self._evalsha([call]))[0]
             if not self._settle(call, reply, batch):
                 await self._isolate(partition, half, batch, reply)
 
     @staticmethod
-    def _count(call: _Call, reply: Reply, result: ApplyResult) -> bool:
+    def _count(call: Call, reply: Reply, result: ApplyResult) -> bool:
         """Add the call's outcome to ``result``; whether it published the
         partition's first message (``@seq`` was 0 before it)."""
         statuses, seq = reply
@@ -351,20 +229,19 @@ class Applier:
         result.seqs[call.partition] = int(seq)
         return published > 0 and int(seq) == published
 
-    async def _evalsha(self, calls: list[_Call]) -> list[Reply]:
+    async def _evalsha(self, calls: list[Call], meanwhile: Callable[[], None] | None = None) -> list[Reply]:
         """Send the calls in one round trip; a NOSCRIPT (a restarted or
         failed-over server) is handled by ``scripts.run_many``. Raises on every failure that is
         not a content failure; returns those in the call's slot."""
         url = self.config.url
-        replies = await scripts.run_many(
-            self.client, scripts.APPLY, calls, url, send=self._send, keys_of=_keys
-        )
+        send = functools.partial(self._send, meanwhile=meanwhile)
+        replies = await scripts.run_many(self.client, scripts.APPLY, calls, url, send=send, keys_of=_keys)
         for reply in replies:
             if isinstance(reply, BaseException) and not _answered(reply):
                 raise redis_calls.translate(reply, self.config.url)
         return replies
 
-    async def _send(self, calls: list[_Call]) -> list[Reply]:
+    async def _send(self, calls: list[Call], meanwhile: Callable[[], None] | None = None) -> list[Reply]:
         """One round trip. On a single server the calls go down one connection,
         each sent as soon as it is built (Redis runs one while the next is
         built); on a cluster (whose pipelines refuse EVALSHA) the calls are
@@ -380,11 +257,13 @@ class Applier:
             ]
             return await cluster_wait.send_waited(self.client, commands, self._acks, self.config.url)
         streamed: list[Reply] = await redis_calls.call(
-            self._stream(self.client.connection_pool, calls), self.config.url
+            self._stream(self.client.connection_pool, calls, meanwhile), self.config.url
         )
         return streamed
 
-    async def _stream(self, pool: ConnectionPool, calls: list[_Call]) -> list[Reply]:
+    async def _stream(
+        self, pool: ConnectionPool, calls: list[Call], meanwhile: Callable[[], None] | None = None
+    ) -> list[Reply]:
         """Pipeline the calls on one pooled connection; error replies come back
         in their slot (a connection failure discards the connection). With
         ``redis.durability`` the round ends with WAIT on the same connection
@@ -396,6 +275,8 @@ class Applier:
             after = self._acks.commands(calls[0].partition) if self._acks.on else []
             for command in after:
                 await conn.send_command(*command)
+            if meanwhile is not None:
+                meanwhile()  # CPU work of the caller's, while Redis runs the calls
             replies: list[Reply] = []
             for _ in range(len(calls) + len(after)):
                 try:
@@ -424,7 +305,13 @@ class _Batch:
     result: ApplyResult
     registered: set[Pair]  # (section, partition) pairs this batch registered: new partitions
     blocked: dict[str, str] = field(default_factory=dict)  # partition -> why its keys cannot be written
-    first: list[_Call] = field(default_factory=list)  # calls that published a partition's first message
+    first: list[Call] = field(default_factory=list)  # calls that published a partition's first message
+    meanwhile: Callable[[], None] | None = None  # run once, while the first calls are in Redis
+
+    def run_meanwhile(self) -> None:
+        hook, self.meanwhile = self.meanwhile, None
+        if hook is not None:
+            hook()
 
     def block(self, partition: str, changes: list[Change], reason: str) -> None:
         """Nothing of ``changes`` is written, nor anything of their partition after them."""
@@ -455,6 +342,6 @@ def _answered(reply: BaseException) -> bool:
     return redis_calls.is_content_error(reply) or redis_calls.blocked_reason(reply) is not None
 
 
-def _keys(call: _Call) -> list[Any]:
+def _keys(call: Call) -> list[Any]:
     """KEYS of a call: its first one names the cluster node to load the script on."""
     return call.command[0]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
@@ -19,13 +19,8 @@ from redis.asyncio.cluster import RedisCluster
 from redis.typing import EncodableT, FieldT
 
 from publishers import cluster_wait, connection, redis_calls, scripts
-from publishers.apply import (
-    MAX_CALL_BYTES,
-    MAX_CHANGES_PER_CALL,
-    MAX_ROW_BYTES,
-    Applier,
-    apply_script,
-)
+from publishers.apply import MAX_CHANGES_PER_CALL, MAX_ROW_BYTES, Applier, apply_script
+from publishers.apply_calls import MAX_CALL_BYTES, Prepared
 from publishers.bulk import BulkWriter
 from publishers.connection import RedisClient
 from publishers.documents import Documents, decode_document
@@ -40,6 +35,7 @@ __all__ = [
     "MAX_CHANGES_PER_CALL",
     "MAX_ROW_BYTES",
     "DataManager",
+    "Prepared",
     "apply_script",
     "decode_document",
     "timestamp",
@@ -80,6 +76,7 @@ class DataManager:
             client, config, self.layout, reject=self._reject, max_row_bytes=max_row_bytes,
             max_changes_per_call=max_changes_per_call,
         )  # fmt: skip
+        self.prepare = self._applier.prepare  # what ``apply`` does before it needs Redis (CPU only)
         self._documents = Documents(client, self.layout, config.url)
         self._cap = _DeadLetterCap(client, self.layout.deadletter(), config.url)
         self._acks = Acknowledgements(config.durability, self.layout)  # confirm()'s WAIT
@@ -88,10 +85,8 @@ class DataManager:
     async def connect(
         cls, config: RedisConfig, *, client: RedisClient | None = None, **options: Any
     ) -> DataManager:
-        """Connect (``ConnectError`` if Redis does not answer) and load the script.
-
-        Pass ``client`` to use an existing client (tests); it is not closed by ``close()``.
-        """
+        """Connect (``ConnectError`` if Redis does not answer) and load the script;
+        ``client``: an existing client (tests), which ``close()`` leaves open."""
         owns = client is None
         client = client or await connection.connect(config)
         try:
@@ -115,23 +110,24 @@ class DataManager:
 
     # -- applying -------------------------------------------------------------
 
-    async def apply(self, changes: Sequence[Change], *, now: datetime | None = None) -> ApplyResult:
-        """Apply a batch: per partition in order, atomically per call.
-
-        Raises ``RedisUnavailable`` on transient failures (retry the batch).
-        The changes of a partition whose shared keys cannot be written come
-        back in ``ApplyResult.blocked`` (read them again once it is repaired);
-        those of a content failure in ``rejected`` (the dead letter).
-        """
-        return await self._applier.apply(changes, now=now)
+    async def apply(
+        self,
+        changes: Sequence[Change],
+        *,
+        now: datetime | None = None,
+        prepared: Prepared | None = None,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> ApplyResult:
+        """Apply a batch: per partition in order, atomically per call (``prepared``:
+        ``prepare(changes)``, made earlier; ``meanwhile`` runs once while the first
+        calls are in Redis). Raises ``RedisUnavailable`` on transient failures (retry
+        the batch). A partition whose shared keys cannot be written: its changes in
+        ``ApplyResult.blocked``; a content failure: ``rejected`` (the dead letter)."""
+        return await self._applier.apply(changes, now=now, prepared=prepared, meanwhile=meanwhile)
 
     def forget_registrations(self) -> None:
         """Register every partition again (``PartitionSets.forget``): a failover, a wipe."""
         self._applier.forget_registrations()
-
-    @property
-    def _sha(self) -> str:
-        return self._applier.sha
 
     # -- dead letter ----------------------------------------------------------
 

@@ -202,3 +202,99 @@ def test_fenced_outranks_blocked_in_either_order() -> None:
         ticket.applied(refusal=first)
         ticket.applied(refusal=second)
         assert ticket.done.is_set() and ticket.refusal == fenced
+
+
+class TakesAhead:
+    """An apply function that, while its batch is "in Redis", takes the next
+    batch as the pipeline does (``take_ahead``) and records what it got."""
+
+    def __init__(self, worker_box: list[AutoBatchWorker], fail_on: int | None = None) -> None:
+        self.box, self.fail_on = worker_box, fail_on
+        self.batches: list[list[int]] = []
+        self.taken: list[list[int] | None] = []
+
+    async def __call__(self, changes: Sequence[Change]) -> ApplyResult:
+        ahead = self.box[0].take_ahead()
+        self.taken.append(None if ahead is None else [c.version for c in ahead])
+        await asyncio.sleep(0.005)  # the batch in flight
+        if self.fail_on is not None and changes[0].version == self.fail_on:
+            raise RuntimeError("a bug in the apply function")
+        self.batches.append([c.version for c in changes])
+        return ApplyResult(applied=len(changes))
+
+
+async def test_a_batch_taken_ahead_under_a_backlog_is_the_next_applied_in_order() -> None:
+    box: list[AutoBatchWorker] = []
+    apply = TakesAhead(box)
+    worker = AutoBatchWorker(apply, max_batch_size=10, max_wait=1.0, capacity=30)
+    box.append(worker)
+    ticket = Ticket(version=100)
+    await worker.put_many([change(n) for n in range(1, 31)], ticket)  # a backlog: the queue full
+    worker.start()
+    await asyncio.wait_for(worker.put_many([change(n) for n in range(31, 101)], ticket), 10)
+    ticket.seal()
+    await asyncio.wait_for(ticket.done.wait(), 10)
+    await worker.stop()
+    assert [v for b in apply.batches for v in b] == list(range(1, 101))  # each once, in order
+    assert any(apply.taken), "a whole batch was queued: it was taken ahead"
+    for i, ahead in enumerate(apply.taken):  # a batch taken ahead is the next one applied
+        if ahead is not None:
+            assert apply.batches[i + 1] == ahead
+    assert worker.stats.changes == 100
+
+
+async def test_nothing_is_taken_ahead_under_a_light_load() -> None:
+    box: list[AutoBatchWorker] = []
+    apply = TakesAhead(box)
+    worker = AutoBatchWorker(apply, max_batch_size=10, max_wait=1.0, capacity=30)
+    box.append(worker)
+    worker.start()
+    ticket = Ticket(version=9)
+    await worker.put_many([change(n) for n in range(1, 10)], ticket)  # fewer than a batch
+    ticket.seal()
+    await asyncio.wait_for(ticket.done.wait(), 10)
+    await worker.stop()
+    assert apply.taken and all(t is None for t in apply.taken)  # the next batch goes on filling
+
+
+async def test_the_batch_taken_ahead_counts_against_the_capacity() -> None:
+    release = asyncio.Event()
+    box: list[AutoBatchWorker] = []
+
+    async def slow(changes: Sequence[Change]) -> ApplyResult:
+        box[0].take_ahead()
+        await release.wait()
+        return ApplyResult(applied=len(changes))
+
+    worker = AutoBatchWorker(slow, max_batch_size=5, max_wait=1.0, capacity=10)
+    box.append(worker)
+    ticket = Ticket(version=99)
+    await worker.put_many([change(n) for n in range(10)], ticket)
+    worker.start()  # takes 5 (in flight), then 5 ahead: 5 taken ahead + 5 queued = the capacity
+    await asyncio.wait_for(worker.put_many([change(n) for n in range(10, 15)], ticket), 1)
+    assert worker.depth == 5
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(worker.put(change(99), ticket), 0.2)
+    release.set()
+    ticket.seal()
+    await asyncio.wait_for(ticket.done.wait(), 5)
+    await worker.stop()
+
+
+async def test_after_a_crashing_apply_the_batch_taken_ahead_is_applied_first_by_the_next_applier() -> None:
+    box: list[AutoBatchWorker] = []
+    apply = TakesAhead(box, fail_on=1)
+    worker = AutoBatchWorker(apply, max_batch_size=5, max_wait=1.0, capacity=20)
+    box.append(worker)
+    await worker.put_many([change(n) for n in range(1, 21)], Ticket(version=20))
+    worker.start()
+    task = worker.task
+    assert task is not None
+    with pytest.raises(RuntimeError):
+        await asyncio.wait_for(task, 5)
+    assert apply.taken == [[6, 7, 8, 9, 10]]
+    apply.fail_on = None  # whoever applies next (here: the worker started again) finds it first
+    worker.start()
+    await asyncio.wait_for(worker.drain(), 5)
+    await worker.stop()
+    assert [v for b in apply.batches for v in b] == list(range(6, 21))  # nothing lost, in order

@@ -16,7 +16,7 @@ from cdc.config import RedisConfig
 from cdc.devservers import RedisCluster as DevCluster
 from cdc.devservers import free_port
 from cdc.errors import ConnectError
-from publishers import control
+from publishers import control, scripts
 from publishers.errors import RedisUnavailable
 from publishers.failover import serving_primaries
 from publishers.leases import Leases
@@ -73,7 +73,7 @@ async def test_a_script_missing_on_one_node_is_loaded_again(manager: DataManager
     await manager.apply([change(p, "alpha", "1", 1) for p in partitions])
     node = client.get_node_from_key(manager.layout.seq(partitions[0]))
     await client.execute_command("SCRIPT FLUSH", target_nodes=node)
-    assert await client.execute_command("SCRIPT EXISTS", manager._sha, target_nodes=node) == [0]
+    assert await client.execute_command("SCRIPT EXISTS", scripts.APPLY.sha, target_nodes=node) == [0]
     result = await manager.apply([change(p, "alpha", "1", 2, delete=True) for p in partitions])
     assert result.published == 12
 
