@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import functools
 import json
 import os
 import platform
@@ -30,7 +31,7 @@ import orjson
 
 from cdc.config import RedisConfig
 from cdc.devservers import RedisServer
-from publishers.manager import DataManager
+from publishers.manager import DataManager, Prepared
 from publishers.model import Change
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -90,11 +91,25 @@ def make_changes(count: int, partitions: int) -> list[Change]:
 
 
 async def apply_batches(manager: DataManager, changes: list[Change], batch_size: int) -> float:
-    """``DataManager.apply`` over ``changes`` in batches of ``batch_size``: seconds taken."""
+    """``DataManager.apply`` over ``changes`` in batches of ``batch_size``, each
+    next batch prepared while Redis runs the one before (``meanwhile``), as the
+    pipeline does under a backlog (``cdc.batching.AutoBatchWorker.take_ahead``):
+    seconds taken."""
+    batches = [changes[start : start + batch_size] for start in range(0, len(changes), batch_size)]
+    ahead: list[Prepared] = []
     started = time.perf_counter()
-    for start in range(0, len(changes), batch_size):
-        await manager.apply(changes[start : start + batch_size])
+    for number, batch in enumerate(batches):
+        following = batches[number + 1] if number + 1 < len(batches) else None
+        prepared = ahead.pop() if ahead else None
+        await manager.apply(
+            batch, prepared=prepared, meanwhile=functools.partial(_prepare, manager, following, ahead)
+        )
     return time.perf_counter() - started
+
+
+def _prepare(manager: DataManager, changes: list[Change] | None, into: list[Prepared]) -> None:
+    if changes is not None:
+        into.append(manager.prepare(changes))
 
 
 async def naive_apply(manager: DataManager, changes: list[Change], *, pipelined: bool) -> float:

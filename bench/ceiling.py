@@ -6,8 +6,9 @@ memory, interleaved table by table in blocks of 250 (as trackers fill the
 batch queue side by side). Redis starts from the same RDB file as every drain.
 
 - ceiling: ``DataManager.apply`` over the pre-encoded changes in batches of
-  100, 500 and 2000, back to back, nothing else in the process: how fast the
-  apply path alone can go (``bench.apply_bench.apply_batches``);
+  100, 500 and 2000, back to back, each next batch prepared while Redis runs
+  the one before (as the pipeline does under a backlog), nothing else in the
+  process: how fast the apply path alone can go (``bench.apply_bench.apply_batches``);
 - naive: what a hand-written mirror would do, per change an HSET of the row
   (DEL of a delete) and a PUBLISH of it, with redis-py's asyncio client: two
   round trips per change (the baseline of the targets), and the same two

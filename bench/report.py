@@ -220,7 +220,8 @@ def _sections(results: dict[str, Any]) -> list[str]:
             f"The first {ceiling['ceiling'][0]['changes']:,} changes of the same backlog ({ops['U']:,} U,"
             f" {ops['I']:,} I, {ops['D']:,} D), read and encoded by the product's read path beforehand, then"
             " applied from memory to the same restored Redis. Ceiling: `DataManager.apply` in batches, back to"
-            " back. Naive: per change HSET of the row (DEL for a delete) and PUBLISH, redis-py asyncio.",
+            " back, each next batch prepared while Redis runs the one before (as the pipeline does under a"
+            " backlog). Naive: per change HSET of the row (DEL for a delete) and PUBLISH, redis-py asyncio.",
             "",
             "| client | batch | changes | changes/s |",
             "|---|---:|---:|---:|",
