@@ -153,7 +153,8 @@ class AutoBatchWorker:
 
     @property
     def depth(self) -> int:
-        return len(self._items)
+        """Changes queued, the batch taken ahead included (they take room)."""
+        return len(self._items) + (len(self._ahead[0]) if self._ahead else 0)
 
     async def put(self, change: Change, ticket: Ticket) -> None:
         """Queue one change; waits while the queue is full."""
@@ -172,7 +173,7 @@ class AutoBatchWorker:
     async def _put(self, changes: Sequence[Change], ticket: Ticket) -> None:
         start, end = 0, len(changes)
         while start < end:
-            room = self.capacity - len(self._items) - (len(self._ahead[0]) if self._ahead else 0)
+            room = self.capacity - self.depth
             if room <= 0:
                 self._room.clear()
                 await self._room.wait()
@@ -218,10 +219,13 @@ class AutoBatchWorker:
 
     async def _run(self) -> None:
         while True:
-            batch, changes = self._ahead or await self._next_batch()
-            if self._ahead is not None:
+            ahead = self._ahead
+            if ahead is not None:
+                batch, changes = ahead
                 self._ahead = None
                 self._room.set()
+            else:
+                batch, changes = await self._next_batch()
             try:
                 result = await self._apply_with_retry(changes)
             finally:

@@ -173,12 +173,22 @@ class Pipeline:
         prepared = self._prepared
         if prepared is not None and prepared.changes is changes:
             self._prepared = None  # used once: a retry makes its batch again (a new timestamp)
-        return await self.manager.apply(changes, prepared=prepared, meanwhile=self._prepare_next)
+        try:
+            return await self.manager.apply(changes, prepared=prepared, meanwhile=self._prepare_next)
+        except BaseException:
+            # the batch taken ahead is made again at its own turn, after this
+            # one's retry: its timestamp must not be older than the retry's
+            self._prepared = None
+            raise
 
     def _prepare_next(self) -> None:
         changes = self.worker.take_ahead()
-        if changes is not None:
+        if changes is None:
+            return
+        try:
             self._prepared = self.manager.prepare(changes)
+        except Exception:  # not this batch's failure: the next one's own apply meets it again
+            self._prepared = None
 
     def _on_result(self, changes: Sequence[Change], result: ApplyResult, latency: float) -> None:
         self.redis.answered(APPLY)
