@@ -182,8 +182,21 @@ figures are from development runs on this machine (same sizes as the quick mode,
     115,835-125,913 rows/s before, 125,188-134,553 after; this run 128,916 rows/s, 3.32x its loader
     (3.0x at 06:03).
 
-Tried and dropped: preparing the next batch's Lua arguments while the batch before is in Redis (the
-sidecar is CPU-bound, so it only moved the same work earlier: no gain measured).
+23. **The next batch prepared while one is in Redis** (`cdc/batching.py` `take_ahead`, `cdc/pipeline.py`,
+    `publishers/apply.py` `prepare`, `publishers/apply_calls.py`; issue 17's drain target). The
+    applier sent a batch only after admitting it, cutting it into calls and packing the first call,
+    with Redis idle meanwhile (~3 ms of a 2,000-change batch: 1.5 s of a million-change drain, timed
+    inside the sidecar). Under a backlog (a whole batch queued) the apply now takes the next batch
+    once its own calls are on the wire and prepares it, so it goes out the moment the replies are
+    read; the batch taken ahead still counts against `queue_capacity` (and `cdc_queue_depth`).
+    Interleaved `cdc run --once` drains of the bench's 1,000,000 changes at batch 2000 (three
+    pairs, medians): 34,372 -> 37,237 changes/s, sidecar CPU 11.4 -> 11.1 µs a change, Redis 18.9 ->
+    18.3 (the same calls). The apply ceiling (section 2) prepares ahead the same way from this run
+    on, so that it stays the fastest the apply path goes: its figures, and the drain-to-ceiling
+    ratios, are not comparable with those of earlier runs (`bench/results/`). An earlier attempt was
+    dropped for no measured gain (how it chose its moment is not recorded); the first version of
+    this one prepared as soon as the apply task was started, before its calls had gone out, and was
+    9% slower (31,913 against 34,978): the send waited for the preparation.
 
 ## Why the missed targets are missed
 

@@ -6,7 +6,8 @@ than with libyaml's composer) so that, in the same pass:
 - every field's line is recorded (``Lines``: path -> line), and a key given
   twice in a mapping is an error naming both lines;
 - nesting deeper than ``MAX_DEPTH`` levels is refused (the constructor would
-  hit Python's recursion limit);
+  hit Python's recursion limit), with the same message when libyaml's own
+  limit of 1,000 levels stops the scanner first;
 - an alias that refers to the node containing it is refused at its line (the
   data would be infinite);
 - what aliases repeat is counted without building it: past ``ALIAS_BUDGET``
@@ -160,6 +161,19 @@ class _Composer:
 
     def node(self, path: Path, depth: int) -> tuple[Node, int]:
         """The node at ``path`` and its size with every alias expanded."""
+        try:
+            return self._node(path, depth)
+        except yaml.scanner.ScannerError as exc:
+            # libyaml 0.2.5 (PyYAML 6.0.4's wheels) stops at 1,000 levels while
+            # scanning ahead, before this walk reaches MAX_DEPTH: the same refusal,
+            # at the deepest field reached and the line where the scanner stopped
+            if "nesting depth" not in (exc.problem or ""):
+                raise
+            if path not in self.lines and exc.problem_mark is not None:
+                self.lines[path] = exc.problem_mark.line + 1
+            raise FieldError(path, f"nested deeper than {MAX_DEPTH} levels") from None
+
+    def _node(self, path: Path, depth: int) -> tuple[Node, int]:
         loader = self.loader
         if loader.check_event(AliasEvent):
             return self._alias(path, loader.get_event())

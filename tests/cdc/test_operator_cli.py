@@ -46,8 +46,9 @@ def bomb() -> str:
         (HEAD + "tables: &t [*t]\n", ":4: tables[0]: the alias *t refers to a value that contains it"),
         # an alias bomb (grew to 9.4 GB before)
         (HEAD + bomb() + TABLE, ":13: worker.i[0]: YAML aliases repeat 490,329,036 values"),
-        # nesting past the recursion limit
-        (HEAD + "tables: " + "[" * 3000 + "]" * 3000 + "\n", ":4: tables[0][0]"),
+        # nesting past the recursion limit (past libyaml's own 1,000 levels: the same words)
+        (HEAD + "tables: " + "[" * 500 + "]" * 500 + "\n", ":4: tables[0][0]"),
+        (HEAD + "tables: " + "[" * 3000 + "]" * 3000 + "\n", ":4: tables"),
         # nonsense that passed before
         (
             HEAD + "worker:\n  lease_ttl: 0\n" + TABLE,
@@ -71,6 +72,7 @@ def bomb() -> str:
         "recursive-alias",
         "alias-bomb",
         "deep",
+        "deeper-than-libyaml",
         "lease_ttl-0",
         "page_size-1e20",
         "tombstone_ttl",
