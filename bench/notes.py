@@ -11,13 +11,15 @@ NOTES = """
   changes from session to session (2026-11-22 an Intel Xeon, 2026-11-23 an AMD EPYC, this run's
   2026-11-24 an Intel Xeon again, with every absolute figure higher: the loader 42,463 rows/s at
   06:03, 24,386 on 2026-11-23). Compare runs by their ratios, not their absolute figures.
-- **The same host moves within a day.** This run (09:09) and the one before it (06:03, kept as
-  `bench/results/full-2026-11-24-0603.md`) ran the same drain code on the same machine, both
-  "quiet": the reference itself, Redis CPU of the same plain commands, went 7.35 -> 8.3 µs a change
-  (+13%), the loader 42,463 -> 38,826 rows/s, pgbench untracked 8,291 -> 7,894 tps. The drain's
-  ratios moved with it: sidecar 1.32x -> 1.41x, Redis apply 2.09x -> 2.11x, drain 60% -> 56% of
-  the ceiling. Nothing on the drain's path changed between them (the commits between touch the
-  snapshot's write only).
+- **The same host moves within a day.** The runs of 06:03 and 09:09 (kept as
+  `bench/results/full-2026-11-24-0603.md` and `-0909.md`) ran the same drain code on the same
+  machine, both "quiet": the reference itself, Redis CPU of the same plain commands, went 7.35 ->
+  8.3 µs a change (+13%), the loader 42,463 -> 38,826 rows/s, pgbench untracked 8,291 -> 7,894 tps,
+  and the drain's ratios with it: sidecar 1.32x -> 1.41x, Redis apply 2.09x -> 2.11x, drain 60% ->
+  56% of the ceiling. This run (12:42) adds item 23 (the next batch prepared while one is in Redis,
+  in the drain and in the ceiling alike): reference 8.3 µs again, sidecar 1.41x again, Redis apply
+  2.02x (the same script: the run's), drain 30,900 -> 33,233 changes/s (+7.5%) and the ceiling
+  54,865 -> 57,918 (+5.6%), so 56% -> 57% of it.
 - **The naive baseline is the weak point of the drain ratios.** It is bound by round trips through
   redis-py's asyncio client, and their cost on this VM moves from run to run: 1,674/s in this run,
   2,100-2,400/s on a quiet machine on 2026-11-22 (a plain `redis.asyncio.Redis` loop of 3 x 5,000 HSET+PUBLISH pairs
@@ -25,14 +27,17 @@ NOTES = """
   in the issue. Against 4,000/s the drain of this run would be 3.1x (batch 100) to 4.1x (batch 2000),
   short of 5x. The ratios to the apply ceiling (43-55%) are the steadier measure: both sides go
   through the same Redis.
-- Drain: the sidecar is one Python process on one core. Per change it spends 9.8 µs of CPU
+- Drain: the sidecar is one Python process on one core. Per change it spends ~11.7 µs of CPU
   (section 7, batch 2000: reading and decoding the row, encoding ten JSON values, building the Lua
-  call), Redis ~15 µs (the apply script), PostgreSQL a few µs: Redis is the busier side, and the
-  drain reaches 60% of the apply ceiling (the ceiling being Redis alone, fed from memory).
+  call), Redis ~18.5 µs (the apply script), PostgreSQL ~5.5 µs: Redis is the busier side, and the
+  drain reaches 57% of the apply ceiling (the ceiling being Redis alone, fed from memory). Where the
+  rest goes, timed inside the sidecar on a million-change drain: the applier waits ~4 s of ~30 s
+  for changes, all of it in the first ~6 s, while the ten tables' first reads run one after another
+  on the one reader connection (see "Why the missed targets are missed").
 - Snapshot (the bulk snapshot, items 16, 20 and 22 below): one table, one partition. Two pages are
   in flight (item 20), so Redis is the bound: busy ~96% of the snapshot (`bulk_load.lua`: the fence,
   the rows unpacked from one MessagePack argument, an HSET a row, the index a page at a time),
-  ~7.5 µs of its CPU a row on this run's host; the sidecar ~3.8 µs, PostgreSQL ~2.9 µs. The one-off loader spends ~20 µs of its own CPU a row (redis-py
+  ~7.0 µs of its CPU a row on this run's host (7.5 at 09:09); the sidecar ~3.7 µs, PostgreSQL ~2.9 µs. The one-off loader spends ~20 µs of its own CPU a row (redis-py
   building and parsing a pipeline of HSETs) and Redis ~4 µs: its Redis is idle most of the time.
 - Idle: "Redis commands/s" counts the commands run inside scripts too (a lease renewal is an EVAL, a
   GET and a PEXPIRE); the sidecar sends ~30 calls/s for 50 tables, in two pipelines per lease round.
@@ -200,35 +205,50 @@ figures are from development runs on this machine (same sizes as the quick mode,
 
 ## Why the missed targets are missed
 
-Of issue 17's targets, met in this run: the snapshot's 50,000 rows/s (128,916), the subscriber's
-50,000 messages/s (56,419), and pgbench >= 0.80x with logical capture when no sidecar runs during the
-run, as the trigger runs are measured (0.96x). The three drain targets were met at 06:03 (sidecar
-1.32x, Redis apply 2.09x, 60% of the ceiling) and are missed here by little (1.41x, 2.11x, 56%) on the
-same drain code, on a host 13% slower at the reference's own Redis commands ("How to read" above):
-they sit at the edge of this machine, not beyond it. Missed:
+Of issue 17's targets, met in this run: the snapshot's 50,000 rows/s (135,190), the Redis apply's
+<= 2.1x the plain commands (2.02x), the subscriber's 50,000 messages/s (61,010), and pgbench >= 0.80x
+with logical capture when no sidecar runs during the run, as the trigger runs are measured (0.98x).
+Missed:
 
-- **Snapshot >= 3.5x the one-off loader** (3.32x: 128,916 against 38,826 rows/s; 3.0x at 06:03
-  before item 22). Redis is the bound (~7.5 µs of its CPU a row, busy ~96% of the snapshot) where
-  the loader's Redis spends ~4-5 µs a row on plain HSETs of the same rows; 3.5x is ~136,000 rows/s
-  against this run's loader (~149,000 against the 06:03 one), so at most ~7.0 µs (~6.4) of Redis a
-  row with Redis busy all the time. `python -m bench.bulk_floor` measures where `bulk_load.lua`
-  spends it, on 1,000-row calls into a fresh Redis: taking the call in (the KEYS and the one
-  MessagePack argument) ~0.55 µs a row, with the rows unpacked and the loop ~2.1, with the HSET of
-  each row's twelve fields ~5.6, as shipped (the index's SADD) ~6.2; in the snapshot, into a
-  keyspace growing to a million documents and a million-member index, ~7.5. The HSET and the index
-  are the layout (docs/REDIS.md: one hash a document, `@v` and `@ts` in it); the loader writes
-  neither the two fields nor the index. Measured worse or no better: a row as one argument split in
-  Lua (+0.5 µs), MULTI/EXEC of plain HSETs (10.5 µs), the index member cut from the document key in
-  Lua instead of sent (no gain). Where the host runs as at 06:03 the same code may reach it; on
-  this run's host it does not.
-- **pgbench with the trigger capture >= 0.80x without** (0.48x, median of 8 interleaved pairs). The
+- **Drain >= 60% of the apply ceiling at batch 2000** (57%: 33,233 against 57,918 changes/s; 60% at
+  06:03, 56% at 09:09 with a ceiling that did not prepare ahead). Timed inside the sidecar (phases of
+  `AutoBatchWorker`/`Applier` on a million-change drain, this host): the applier waits ~4.2 s of
+  ~28 s for changes, in ten waits of ~0.4-0.5 s in the first ~6 s. Each table's first read holds the
+  rest of its read in a `WITH HOLD` cursor, which PostgreSQL materializes at COMMIT: ~470 ms for a
+  table's 100,000 changes (`log_min_duration_statement`), on the one reader connection, where the
+  next table's first read and every table's next page wait behind it, so Redis drains the queue and
+  idles. Four reader connections (each table's reads on one of them) cut the wait to ~1 s but added
+  ~2 s to the apply, the four materializations competing with Redis and the sidecar for the two
+  cores: +3% (35,140 -> 36,218, two interleaved pairs), not shipped. The ~4 s taken away outright
+  would put this run's drain at ~66% of the ceiling: an upper bound, since PostgreSQL's work stays.
+- **Sidecar CPU <= 1.4x the reference** (1.41x: 11.7 µs against 8.3 µs; 1.32x at 06:03 with the
+  same code against a 7.35 µs reference). Its CPU is spread out (see below); item 23 moves work, it
+  does not remove it.
+- **Snapshot >= 3.5x the one-off loader** (3.34x: 135,190 against 40,432 rows/s; 3.32x at 09:09).
+  Redis is the bound (~7.0 µs of its CPU a row here, 7.5 at 09:09, busy ~95% of the snapshot) where
+  the loader's Redis spends ~4-5 µs a row on plain HSETs of the same rows. `bulk_load.lua`'s CPU a
+  row on `bench.bulk_floor`'s calls, 200 calls of 1,000 rows into a fresh Redis: taking the call in
+  (the KEYS and the one MessagePack argument) 0.58 µs, unpacking the rows 1.08 (Redis 7.0.15's Lua
+  hashes every byte of every string it makes: the hash loop is ~8% of the script's CPU in `perf`),
+  the loop 0.52, the HSET of each row's twelve fields 3.66, the index's SADD 0.56; into a keyspace
+  growing to a million documents, ~6.6 in the floor and ~7.0-7.5 in the snapshot (Redis's system
+  time is ~0.8 µs a row in a first snapshot on a fresh server and ~0.3 in a repeat: ~137,000 page
+  faults either way, dearer the first time). The same rows as plain
+  pipelined commands cost Redis 4.1 µs a row (MULTI/EXEC around them 4.4, with a DEL a row 4.8),
+  but the sidecar would spend ~1.1 µs more a row building them (RESP with lengths, 1.49 µs a row
+  against 0.37 for the MessagePack argument, timeit): on two cores shared by Redis, the sidecar and
+  PostgreSQL that is a move, not a saving. The HSET and the index are the layout (docs/REDIS.md:
+  one hash a document, `@v` and `@ts` in it); the loader writes neither the two fields nor the
+  index. Measured worse or no better before: a row as one argument split in Lua (+0.5 µs), the
+  index member cut from the document key in Lua instead of sent (no gain).
+- **pgbench with the trigger capture >= 0.80x without** (0.51x, median of 8 interleaved pairs). The
   capture trigger is a row trigger that upserts the net change: ~36 µs of the ~100 µs a row is the
   upsert, ~15 µs calling the function; an append-only log measured the same, and statement triggers
   are never fired by logical replication's apply worker. No trigger that records the changed columns
   reaches 0.80x: logical capture (`source.capture: logical`, docs/POSTGRES.md §6) is the answer for
-  the servers that allow it, 0.99x for the writers, with the decoding (67 µs of server CPU a
+  the servers that allow it, 0.98x for the writers, with the decoding (74 µs of server CPU a
   transaction) paid when the sidecar reads. On this 2-core machine, with the sidecar draining during
-  the run (its own CPU and the decoding compete with pgbench for the same two cores), 0.51x: on a
+  the run (its own CPU and the decoding compete with pgbench for the same two cores), 0.53x: on a
   database server with a spare core, and the sidecar on another host, the writers' figure is the one
   that applies.
 
@@ -243,10 +263,14 @@ they sit at the edge of this machine, not beyond it. Missed:
 - The sidecar's remaining CPU per drained change is spread out (py-spy, self time, after item 21):
   framing the call 10.9%, splitting the row's JSON text 9.9%, the change reader 9.1%, building the
   call 8.9%, admitting the change 7.7%.
-- The snapshot sidecar's remaining CPU (~3.8 µs a row) is mostly reading the page (psycopg) and the
+- The snapshot sidecar's remaining CPU (~3.7 µs a row) is mostly reading the page (psycopg) and the
   per-row mapping loop (`cdc/snapshot_pages.py`); with Redis busy ~96%, less of it would not make
   the snapshot faster on two cores.
-- After this run, the sidecars' SCAN for each other's heartbeats every lease round (a round trip per
+- A table's first read of a large backlog blocks every other table's reads for as long as
+  PostgreSQL materializes its held cursor (~470 ms for 100,000 changes; proportionally longer for a
+  bigger one): the one reader connection serves all tables (`cdc/sources/pg_sessions.py`).
+  Separate reader connections, or holding less of a read at a time, would bound that; not changed.
+- After the 09:09 run, the sidecars' SCAN for each other's heartbeats every lease round (a round trip per
   thousand keys of a keyspace that holds every document) was replaced by the worker registry
   `ns:@workers` (docs/REDIS.md); one more script call per round, not measured again here.
 """
