@@ -1,5 +1,8 @@
-"""One ``apply.lua`` call: its KEYS and ARGV, laid out as the script's
-header describes (``lua/apply.lua``), and its EVALSHA as RESP.
+"""A batch made into ``apply.lua`` calls, before any Redis call (``CallPlan``,
+``Prepared``: what ``Applier.prepare`` makes while Redis runs the batch
+before): each change admitted or refused with its reason, the rest grouped by
+partition and cut into calls; each call's KEYS and ARGV laid out as the
+script's header describes (``lua/apply.lua``), and its EVALSHA as RESP.
 
 Columns are sent once per call and rows refer to a *shape* (their column
 list), so a row costs one argument per value plus six, not three per column.
