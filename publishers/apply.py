@@ -86,9 +86,7 @@ class Applier:
     ) -> None:
         self.client, self.config, self.layout = client, config, layout
         self._reject = reject
-        self.max_row_bytes = max_row_bytes
-        self.max_changes_per_call = max(1, max_changes_per_call)
-        self._plan = CallPlan(layout, max_row_bytes, self.max_changes_per_call)
+        self._plan = CallPlan(layout, max_row_bytes, max(1, max_changes_per_call))  # admission, calls
         self.script = scripts.APPLY.text
         self.sha = scripts.APPLY.sha
         self._sha = self.sha.encode()
