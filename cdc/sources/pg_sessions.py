@@ -1,6 +1,6 @@
 """The PostgreSQL source's connections, and the errors that leave them.
 
-- the reader, shared by all reads: an ``asyncio.Lock`` keeps one transaction
+- the reader, shared by all reads: a ``ReaderLock`` keeps one transaction
   at a time on it; it is opened again when it broke, and dropped on purpose
   when its prepared statements may no longer fit a table (``drop_reader``);
   its session also keeps the rest of paged reads (``held``);
@@ -13,7 +13,6 @@ that changed under the read are ``SchemaError``.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -25,6 +24,7 @@ from cdc.sources.pg_catalog import Connection
 from cdc.sources.pg_errors import LINK_ERRORS, connect_error, is_stale_plan, map_error
 from cdc.sources.pg_reads import HeldRead
 from cdc.sources.pg_types import prepare_session
+from cdc.sources.reader_lock import ReaderLock
 
 MIN_SERVER_VERSION = 130000  # pg_current_xact_id() and pg_current_snapshot()
 
@@ -35,7 +35,7 @@ class Sessions:
     def __init__(self, config: SourceConfig) -> None:
         self.config = config
         self.reader: Connection | None = None
-        self.lock = asyncio.Lock()
+        self.lock = ReaderLock()
         self.held: dict[str, HeldRead] = {}  # table -> the rest of a paged read, on the reader
 
     async def connect(self) -> None:
@@ -96,11 +96,12 @@ class Sessions:
 
     @asynccontextmanager
     async def reading(
-        self, what: str, transaction: bool = True, table: str | None = None
+        self, what: str, transaction: bool = True, table: str | None = None, *, continuing: bool = False
     ) -> AsyncIterator[Connection]:
         """The reader, alone, inside a REPEATABLE READ READ ONLY transaction
-        (or none: each statement its own)."""
-        async with self.lock, self.guard(what, table):
+        (or none: each statement its own). ``continuing``: the next page of a
+        read under way, which goes before new reads (``ReaderLock``)."""
+        async with self.lock.continuing() if continuing else self.lock, self.guard(what, table):
             if self.reader is None or self.reader.closed or self.reader.broken:
                 self.reader = await self.open(reader=True)
             if not transaction:

@@ -188,7 +188,9 @@ class PostgresSource:
             return ChangePage([], quiet_bound)
         start = self._quiet.begin(info.table)
         held = self._held.pop(info.table, None)
-        async with self._sessions.reading(f"read changes of {info.table}", False, info.table) as conn:
+        continuing = held is not None and held.continues(held.conn, since, upto, after)
+        what = f"read changes of {info.table}"
+        async with self._sessions.reading(what, False, info.table, continuing=continuing) as conn:
             if held is not None and held.continues(conn, since, upto, after):
                 page = await held.next_page(info, limit)
             else:

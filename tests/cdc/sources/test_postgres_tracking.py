@@ -32,6 +32,7 @@ from cdc.sources.base import ChangeSource, TableInfo
 from cdc.sources.pg_dsn import redact_dsn, scrub
 from cdc.sources.pg_tracking import net_table_name, trigger_names
 from cdc.sources.postgres import PostgresSource
+from tests.cdc.sources.test_reader_lock import until_waiting
 from tests.contract.harness import PostgresHarness, PostgresWriter, Replica, make_table_config, read_all
 
 ITEMS = {"id": "int", "n": "int", "note": "text"}
@@ -455,6 +456,37 @@ async def test_a_commit_above_the_bound_keeps_the_next_read_sent(pg: PostgresHar
     await pg.settle()
     page = await source.read_changes(info, since, limit=100)
     assert [(r.op, r.key) for r in page.rows] == [("I", {"id": 3})]
+
+
+async def test_the_next_page_of_a_read_under_way_goes_before_new_reads(pg: PostgresHarness) -> None:
+    """The reader serves one read at a time. The next page of a paged read is
+    served before another table's new read that was waiting first: that new
+    read may commit a WITH HOLD cursor over a large backlog (seconds), while
+    the page is already materialized and is what the applier waits for."""
+    items, source = await tracked(pg)
+    assert isinstance(source, PostgresSource)
+    others = await source.describe(await pg.create_table("others", ITEMS, ["id"]))
+    since = await source.current_version()
+    await execute(pg, "insert into {s}.items select i, i, 'backlog' from generate_series(1, 30) as i")
+    await execute(pg, "insert into {s}.others values (1, 1, 'new read')")
+    first = await source.read_changes(items, since, limit=10)
+    assert first.more
+    order: list[str] = []
+
+    async def read(name: str, info: TableInfo, **kwargs: Any) -> None:
+        await source.read_changes(info, since, limit=10, **kwargs)
+        order.append(name)
+
+    lock = source._sessions.lock
+    async with lock:  # the reader is busy with another read
+        new = asyncio.create_task(read("others' new read", others))
+        await until_waiting(lock, 1)
+        page = asyncio.create_task(
+            read("items' next page", items, upto=first.next_version, after=first.cursor)
+        )
+        await until_waiting(lock, 2)
+    await asyncio.gather(new, page)
+    assert order == ["items' next page", "others' new read"]
 
 
 async def test_reads_of_a_partitioned_table_are_always_sent(pg: PostgresHarness) -> None:
