@@ -120,7 +120,10 @@ class TableMapper:
         texts = raw.split(_SEPARATOR)
         encoded = row.encoded
         if encoded.names == self.columns and _ODD not in raw:
-            values = dict(zip(self.columns, texts, strict=True))
+            # Counted here: any keyword to zip (strict=False too) costs 0.2 µs a row (timeit, CPython 3.11).
+            if len(texts) != len(self.columns):
+                raise ValueError(f"{len(texts)} texts for the {len(self.columns)} columns of {self.table}")
+            values = dict(zip(self.columns, texts))  # noqa: B905
             # the values' bytes, without a pass over them
             size = len(raw) - (len(texts) - 1) * len(_SEPARATOR)
         else:
