@@ -117,7 +117,23 @@ def _column_args(column: str) -> tuple[bytes, bytes, bytes]:
     """Hash field, JSON name and JSON RFC 6901 path of a column, so that the
     script never escapes JSON or JSON Pointer itself."""
     pointer = "/" + column.replace("~", "~0").replace("/", "~1")
-    return column.encode(), orjson.dumps(column), orjson.dumps(pointer)
+    return column.encode(), json_string(column), json_string(pointer)
+
+
+def json_text(value: Any) -> bytes:
+    """``orjson.dumps(value)`` in bytes of its own size: orjson (3.12+) returns
+    its text in a buffer of at least 4 KiB (``cdc.values._trim``)."""
+    return b"%b" % orjson.dumps(value)
+
+
+def json_string(text: str) -> bytes:
+    """``json_text(text)``, quoted as is when nothing in it is escaped (no
+    quote, backslash or character Python does not print): what orjson writes
+    then, byte for byte. A call's 2,000 keys: 0.25 µs a key against 1.1 for
+    orjson.dumps, whose 4 KiB buffers a call kept (8 MB; timeit, orjson 3.13)."""
+    if text.isprintable() and '"' not in text and "\\" not in text:
+        return b'"%b"' % text.encode()
+    return json_text(text)
 
 
 @dataclass
@@ -172,23 +188,25 @@ class CallBuilder:
         """Append one change (the hot path: a few dict lookups and one extend;
         every argument bytes, for ``publishers.resp``)."""
         group, doc_prefix = self.groups.get((change.section, change.table)) or self._group(change)
-        self.doc_keys.append(doc_prefix + change.key)
+        key = change.key
+        self.doc_keys.append(doc_prefix + key)
+        key_json = json_string(key)
         values = change.values
         reset = b"1" if change.reset else b"0"
         version = b"%d" % change.version
         if change.op == "D" or values is None:
-            self.change_args += (group, orjson.dumps(change.key), b"D", version, reset, b"0")
+            self.change_args += (group, key_json, b"D", version, reset, b"0")
             return
         names = tuple(values)
         shape = self.shapes.get(names) or self._shape(names)
-        self.change_args += (group, orjson.dumps(change.key), change.op.encode(), version, reset, shape)
+        self.change_args += (group, key_json, change.op.encode(), version, reset, shape)
         self.change_args += values.values()
 
     def _group(self, change: Change) -> tuple[bytes, str]:
         doc_prefix = f"{self.prefix}{change.section}:"
         group = self.groups[(change.section, change.table)] = (b"%d" % (len(self.groups) + 1), doc_prefix)
         self.index_keys.append(self.layout.index(self.partition, change.section))
-        self.group_args += (orjson.dumps(change.section), orjson.dumps(change.table))
+        self.group_args += (json_string(change.section), json_string(change.table))
         channel = self.layout.channel(self.partition, change.section)
         self.group_args += (channel.encode(), b"%d" % len(doc_prefix.encode()), b"%d" % change.fence)
         return group
@@ -212,6 +230,6 @@ class CallBuilder:
         ]
         keys += self.index_keys + self.doc_keys
         counts = (len(self.groups), len(self.columns), len(self.shapes))
-        args = [orjson.dumps(self.partition), *header, *(b"%d" % n for n in counts)]
+        args = [json_string(self.partition), *header, *(b"%d" % n for n in counts)]
         args += self.group_args + self.column_args + self.shape_args + self.change_args
         return list(map(str.encode, keys)), args
