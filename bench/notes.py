@@ -19,7 +19,11 @@ NOTES = """
   56% of the ceiling. This run (12:42) adds item 23 (the next batch prepared while one is in Redis,
   in the drain and in the ceiling alike): reference 8.3 µs again, sidecar 1.41x again, Redis apply
   2.02x (the same script: the run's), drain 30,900 -> 33,233 changes/s (+7.5%) and the ceiling
-  54,865 -> 57,918 (+5.6%), so 56% -> 57% of it.
+  54,865 -> 57,918 (+5.6%), so 56% -> 57% of it (kept as `bench/results/full-2026-11-24-1242.md`).
+  This run (14:45) adds items 24 and 25: drain 39,866 changes/s at batch 2000, 68% of a ceiling of
+  58,513; sidecar 10.4 µs a change, 1.28x a reference of 8.1 µs. The snapshot code did not change
+  since 12:42: the snapshot ran at 132,767 rows/s (135,190 then) and the loader at 37,422 (40,432
+  then), so the ratio went 3.34x -> 3.55x on the loader's move alone.
 - **The naive baseline is the weak point of the drain ratios.** It is bound by round trips through
   redis-py's asyncio client, and their cost on this VM moves from run to run: 1,674/s in this run,
   2,100-2,400/s on a quiet machine on 2026-11-22 (a plain `redis.asyncio.Redis` loop of 3 x 5,000 HSET+PUBLISH pairs
@@ -27,17 +31,18 @@ NOTES = """
   in the issue. Against 4,000/s the drain of this run would be 3.1x (batch 100) to 4.1x (batch 2000),
   short of 5x. The ratios to the apply ceiling (43-55%) are the steadier measure: both sides go
   through the same Redis.
-- Drain: the sidecar is one Python process on one core. Per change it spends ~11.7 µs of CPU
-  (section 7, batch 2000: reading and decoding the row, encoding ten JSON values, building the Lua
-  call), Redis ~18.5 µs (the apply script), PostgreSQL ~5.5 µs: Redis is the busier side, and the
-  drain reaches 57% of the apply ceiling (the ceiling being Redis alone, fed from memory). Where the
-  rest goes, timed inside the sidecar on a million-change drain: the applier waits ~4 s of ~30 s
-  for changes, all of it in the first ~6 s, while the ten tables' first reads run one after another
-  on the one reader connection (see "Why the missed targets are missed").
+- Drain: the sidecar is one Python process on one core. Per change it spends ~10.4 µs of CPU
+  (section 7, batch 2000: reading and decoding the row, splitting its JSON text, building the Lua
+  call), Redis ~17.8 µs (the apply script), PostgreSQL ~5.3 µs: Redis is the busier side, and the
+  drain reaches 68% of the apply ceiling (the ceiling being Redis alone, fed from memory). Where the
+  rest goes, timed inside the sidecar on a million-change drain: the applier waits ~1.2-1.7 s of
+  ~27 s for changes, nearly all of it in the first ~2.5 s, while the tables' first reads materialize
+  their held cursors on the one reader connection (item 24); the rest is PostgreSQL's share of the
+  two cores.
 - Snapshot (the bulk snapshot, items 16, 20 and 22 below): one table, one partition. Two pages are
   in flight (item 20), so Redis is the bound: busy ~96% of the snapshot (`bulk_load.lua`: the fence,
   the rows unpacked from one MessagePack argument, an HSET a row, the index a page at a time),
-  ~7.0 µs of its CPU a row on this run's host (7.5 at 09:09); the sidecar ~3.7 µs, PostgreSQL ~2.9 µs. The one-off loader spends ~20 µs of its own CPU a row (redis-py
+  ~7.3 µs of its CPU a row in this run (7.0 at 12:42, 7.5 at 09:09); the sidecar ~3.9 µs, PostgreSQL ~3.0 µs. The one-off loader spends ~20 µs of its own CPU a row (redis-py
   building and parsing a pipeline of HSETs) and Redis ~4 µs: its Redis is idle most of the time.
 - Idle: "Redis commands/s" counts the commands run inside scripts too (a lease renewal is an EVAL, a
   GET and a PEXPIRE); the sidecar sends ~30 calls/s for 50 tables, in two pipelines per lease round.
@@ -203,30 +208,48 @@ figures are from development runs on this machine (same sizes as the quick mode,
     this one prepared as soon as the apply task was started, before its calls had gone out, and was
     9% slower (31,913 against 34,978): the send waited for the preparation.
 
+24. **A read under way before a new read, on the one reader** (`cdc/sources/reader_lock.py`,
+    `pg_sessions.py`, `postgres.py`; issue 17's drain target). The trigger capture's reads share one
+    connection. A table's first read of a backlog larger than a page holds the rest in a `WITH HOLD`
+    cursor, which PostgreSQL materializes at COMMIT (~0.45 s for 95,000 changes of these tables).
+    With the waiters in one line (`asyncio.Lock`), the drain started with the ten tables' first reads
+    back to back, each table's next page waiting behind them: timed inside the sidecar, the applier
+    waited ~0.37 s of every ~0.5 s for the first 5 s (ten waits, 4.0-4.9 s in all). `ReaderLock`
+    serves the next page of a read under way (already materialized: milliseconds) before a new read;
+    a new read that has waited 5 s goes next whatever waits. Waits 4.0-4.9 -> 1.2-1.7 s; interleaved
+    `cdc run --once` drains of the bench's backlog at batch 2000, two pairs: 32,688 -> 36,233 and
+    33,234 -> 35,274 changes/s. The materializations still run (PostgreSQL's CPU is the same), now
+    while the applier has pages to apply.
+25. **The change path's per-row costs** (`cdc/sources/pg_reads.py`, `pg_read_encoded.py`,
+    `cdc/mapping.py`, `publishers/apply_calls.py`; issue 17's sidecar target). py-spy of a drain at
+    batch 2000, then timeit on 2,000 changes of the bench's mix, stage by stage (the rows as the
+    encoded read returns them -> `TableMapper.from_row` -> `CallPlan.prepare` -> RESP):
+    - a one-column key is read as a dict display, not `dict(zip(keys, ..., strict=True))`: 0.07
+      against 0.52 µs a row; and no keyword to `zip` on the hot path (`strict=False` costs what
+      `strict=True` does: 0.2 µs a row; the lengths are checked where they could differ). Reader
+      1.19 -> 0.63 µs, mapper 2.39 -> 2.12;
+    - a key's JSON text is quoted as is when nothing in it is escaped (`json_string`, orjson's
+      bytes byte for byte otherwise, checked against orjson on odd keys): item 1's orjson 4 KiB
+      buffers had escaped into the call's arguments, one per key, so a call of 2,000 changes held
+      8.8 MB (tracemalloc) and building its arguments cost 2.1 µs a change, now 1.0.
+    Drain A/B against the code before items 24 and 25 (three pairs, medians, instrumented): sidecar
+    12.1 -> 11.0 µs a change, 34,674 -> 37,969 changes/s; in the full runs 11.7 -> 10.4 µs (1.41x ->
+    1.28x the reference) and peak RSS at batch 2000 ~155 -> 139 MB.
+
 ## Why the missed targets are missed
 
-Of issue 17's targets, met in this run: the snapshot's 50,000 rows/s (135,190), the Redis apply's
-<= 2.1x the plain commands (2.02x), the subscriber's 50,000 messages/s (61,010), and pgbench >= 0.80x
-with logical capture when no sidecar runs during the run, as the trigger runs are measured (0.98x).
-Missed:
+Of issue 17's targets, met in this run: the drain's 60% of the apply ceiling at batch 2000 (68%),
+the sidecar's <= 1.4x the plain commands (1.28x), the Redis apply's <= 2.1x (2.04x), the snapshot's
+50,000 rows/s (132,767) and 3.5x the one-off loader (3.55x, at the edge: see below), the subscriber's
+50,000 messages/s (56,723), and pgbench >= 0.80x with logical capture when no sidecar runs during
+the run, as the trigger runs are measured (0.90x). Missed: pgbench with the trigger capture.
 
-- **Drain >= 60% of the apply ceiling at batch 2000** (57%: 33,233 against 57,918 changes/s; 60% at
-  06:03, 56% at 09:09 with a ceiling that did not prepare ahead). Timed inside the sidecar (phases of
-  `AutoBatchWorker`/`Applier` on a million-change drain, this host): the applier waits ~4.2 s of
-  ~28 s for changes, in ten waits of ~0.4-0.5 s in the first ~6 s. Each table's first read holds the
-  rest of its read in a `WITH HOLD` cursor, which PostgreSQL materializes at COMMIT: ~470 ms for a
-  table's 100,000 changes (`log_min_duration_statement`), on the one reader connection, where the
-  next table's first read and every table's next page wait behind it, so Redis drains the queue and
-  idles. Four reader connections (each table's reads on one of them) cut the wait to ~1 s but added
-  ~2 s to the apply, the four materializations competing with Redis and the sidecar for the two
-  cores: +3% (35,140 -> 36,218, two interleaved pairs), not shipped. The ~4 s taken away outright
-  would put this run's drain at ~66% of the ceiling: an upper bound, since PostgreSQL's work stays.
-- **Sidecar CPU <= 1.4x the reference** (1.41x: 11.7 µs against 8.3 µs; 1.32x at 06:03 with the
-  same code against a 7.35 µs reference). Its CPU is spread out (see below); item 23 moves work, it
-  does not remove it.
-- **Snapshot >= 3.5x the one-off loader** (3.34x: 135,190 against 40,432 rows/s; 3.32x at 09:09).
-  Redis is the bound (~7.0 µs of its CPU a row here, 7.5 at 09:09, busy ~95% of the snapshot) where
-  the loader's Redis spends ~4-5 µs a row on plain HSETs of the same rows. `bulk_load.lua`'s CPU a
+- **The snapshot's 3.5x is met at the edge, not with room.** Its code is the same as in the runs of
+  09:09 and 12:42, which measured 3.32x and 3.34x; this run's 3.55x comes from a slower loader
+  (37,422 rows/s against 40,432) more than from the snapshot (132,767 against 135,190). Redis is the
+  bound (~7.3 µs of its CPU a row here, 7.0 at 12:42, busy ~95% of the snapshot), so this host's
+  Redis writes at most ~140,000 rows/s of this layout, and a loader measured at 40,000 or more puts
+  3.5x out of reach. Where Redis's time goes, and why it was not cut further: `bulk_load.lua`'s CPU a
   row on `bench.bulk_floor`'s calls, 200 calls of 1,000 rows into a fresh Redis: taking the call in
   (the KEYS and the one MessagePack argument) 0.58 µs, unpacking the rows 1.08 (Redis 7.0.15's Lua
   hashes every byte of every string it makes: the hash loop is ~8% of the script's CPU in `perf`),
@@ -241,16 +264,16 @@ Missed:
   one hash a document, `@v` and `@ts` in it); the loader writes neither the two fields nor the
   index. Measured worse or no better before: a row as one argument split in Lua (+0.5 µs), the
   index member cut from the document key in Lua instead of sent (no gain).
-- **pgbench with the trigger capture >= 0.80x without** (0.51x, median of 8 interleaved pairs). The
+- **pgbench with the trigger capture >= 0.80x without** (0.46x, median of 8 interleaved pairs). The
   capture trigger is a row trigger that upserts the net change: ~36 µs of the ~100 µs a row is the
   upsert, ~15 µs calling the function; an append-only log measured the same, and statement triggers
   are never fired by logical replication's apply worker. No trigger that records the changed columns
   reaches 0.80x: logical capture (`source.capture: logical`, docs/POSTGRES.md §6) is the answer for
-  the servers that allow it, 0.98x for the writers, with the decoding (74 µs of server CPU a
-  transaction) paid when the sidecar reads. On this 2-core machine, with the sidecar draining during
-  the run (its own CPU and the decoding compete with pgbench for the same two cores), 0.53x: on a
-  database server with a spare core, and the sidecar on another host, the writers' figure is the one
-  that applies.
+  the servers that allow it, 0.90x for the writers in this run (0.98x at 12:42), with the decoding
+  (72 µs of server CPU a transaction) paid when the sidecar reads. On this 2-core machine, with the
+  sidecar draining during the run (its own CPU and the decoding compete with pgbench for the same
+  two cores), 0.49x: on a database server with a spare core, and the sidecar on another host, the
+  writers' figure is the one that applies.
 
 ## Noticed and left alone
 
@@ -260,16 +283,26 @@ Missed:
   psycopg's asyncio connection ~250 µs per statement.
 - `apply.lua` spends ~25-45 µs of Redis time per change, mostly in the Lua-to-Redis bridge (see
   `bench/results/APPLY.md`); that is the apply ceiling.
-- The sidecar's remaining CPU per drained change is spread out (py-spy, self time, after item 21):
-  framing the call 10.9%, splitting the row's JSON text 9.9%, the change reader 9.1%, building the
-  call 8.9%, admitting the change 7.7%.
+- The sidecar's remaining CPU per drained change is spread out (timeit of the stages after item
+  25, µs a change of the bench's mix): the change reader 0.63, the mapper 2.12 (splitting the JSON
+  text into a dict of ten values ~0.6 of it, the `Change` ~0.3), admitting it 0.93, building the call
+  ~1.0, framing it as RESP ~1.3; the rest is psycopg and the event loop. Admission measures each row's
+  values again (`sum(map(len, ...))`, 0.35 µs) although the mapper knew their size: the `Change`
+  does not carry it, and the data manager checks what any producer sends.
 - The snapshot sidecar's remaining CPU (~3.7 µs a row) is mostly reading the page (psycopg) and the
   per-row mapping loop (`cdc/snapshot_pages.py`); with Redis busy ~96%, less of it would not make
   the snapshot faster on two cores.
-- A table's first read of a large backlog blocks every other table's reads for as long as
-  PostgreSQL materializes its held cursor (~470 ms for 100,000 changes; proportionally longer for a
-  bigger one): the one reader connection serves all tables (`cdc/sources/pg_sessions.py`).
-  Separate reader connections, or holding less of a read at a time, would bound that; not changed.
+- A table's first read of a large backlog still holds the reader for as long as PostgreSQL
+  materializes its held cursor (~470 ms for 100,000 changes; proportionally longer for a bigger
+  one). Item 24 puts the reads already under way first, so the applier has pages meanwhile, and a
+  new read waits at most 5 s behind them; a quiet table's next read can still wait behind one such
+  materialization. Four reader connections (each table's reads on one of them) cut the drain's wait
+  ~4.2 -> ~1 s before item 24 but added ~2 s to the apply, the materializations competing with Redis
+  and the sidecar for the two cores: +3% (35,140 -> 36,218, two interleaved pairs), not shipped.
+- glibc's malloc returning memory to the system and faulting it in again looked like ~1 µs a change
+  in a timeit loop (1.27 million minor faults; `MALLOC_TOP_PAD_` removed them); in the sidecar itself
+  a drain takes ~36,000 faults with or without it, and interleaved drains showed no gain: not
+  shipped.
 - After the 09:09 run, the sidecars' SCAN for each other's heartbeats every lease round (a round trip per
   thousand keys of a keyspace that holds every document) was replaced by the worker registry
   `ns:@workers` (docs/REDIS.md); one more script call per round, not measured again here.
