@@ -296,7 +296,7 @@ class HeldRead:
         await conn.execute(declare, params)
         return held
 
-    def continues(self, conn: Connection, since: int, upto: int | None, after: Cursor | None) -> bool:
+    def continues(self, conn: Connection | None, since: int, upto: int | None, after: Cursor | None) -> bool:
         return (conn, since, upto, after) == (self.conn, self.since, self.bound, self.after)
 
     async def next_page(self, info: TableInfo, limit: int) -> ChangePage:

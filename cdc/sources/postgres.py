@@ -187,10 +187,11 @@ class PostgresSource:
             self.reads_skipped += 1
             return ChangePage([], quiet_bound)
         start = self._quiet.begin(info.table)
-        held = self._held.pop(info.table, None)
-        continuing = held is not None and held.continues(held.conn, since, upto, after)
+        held = self._held.get(info.table)  # popped under the lock: a caller cancelled meanwhile leaves it
+        continuing = held is not None and held.continues(self._sessions.reader, since, upto, after)
         what = f"read changes of {info.table}"
         async with self._sessions.reading(what, False, info.table, continuing=continuing) as conn:
+            held = self._held.pop(info.table, None)
             if held is not None and held.continues(conn, since, upto, after):
                 page = await held.next_page(info, limit)
             else:

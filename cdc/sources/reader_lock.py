@@ -12,7 +12,8 @@ the applier, its queue empty, waited ~0.37 s of every ~0.5 s for the first
 are already materialized), and they are what the applier is waiting for.
 
 A new read does not wait forever behind reads under way: once it has waited
-``max_wait`` seconds, it goes next.
+``max_wait`` seconds, it goes next (checked as the lock is handed on: after
+the holder of the moment, and after older new reads that are overdue too).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class ReaderLock:
         while self._continuing or self._others:
             overdue = bool(self._others) and (
                 not self._continuing
-                or asyncio.get_running_loop().time() - self._others[0][1] >= self.max_wait
+                or self._others[0][0].get_loop().time() - self._others[0][1] >= self.max_wait
             )
             waiter = self._others.popleft()[0] if overdue else self._continuing.popleft()
             if not waiter.done():

@@ -458,11 +458,10 @@ async def test_a_commit_above_the_bound_keeps_the_next_read_sent(pg: PostgresHar
     assert [(r.op, r.key) for r in page.rows] == [("I", {"id": 3})]
 
 
-async def test_the_next_page_of_a_read_under_way_goes_before_new_reads(pg: PostgresHarness) -> None:
-    """The reader serves one read at a time. The next page of a paged read is
-    served before another table's new read that was waiting first: that new
-    read may commit a WITH HOLD cursor over a large backlog (seconds), while
-    the page is already materialized and is what the applier waits for."""
+async def _race_for_the_reader(pg: PostgresHarness, *, reader_lost: bool) -> list[tuple[str, list[int]]]:
+    """A paged read of items under way, then, while the reader is busy, a new
+    read of another table queued first and the next page of items second: the
+    order they were served in, and the keys each read returned."""
     items, source = await tracked(pg)
     assert isinstance(source, PostgresSource)
     others = await source.describe(await pg.create_table("others", ITEMS, ["id"]))
@@ -470,23 +469,71 @@ async def test_the_next_page_of_a_read_under_way_goes_before_new_reads(pg: Postg
     await execute(pg, "insert into {s}.items select i, i, 'backlog' from generate_series(1, 30) as i")
     await execute(pg, "insert into {s}.others values (1, 1, 'new read')")
     first = await source.read_changes(items, since, limit=10)
-    assert first.more
-    order: list[str] = []
+    assert first.more and [r.key["id"] for r in first.rows] == list(range(1, 11))
+    served: list[tuple[str, list[int]]] = []
 
     async def read(name: str, info: TableInfo, **kwargs: Any) -> None:
-        await source.read_changes(info, since, limit=10, **kwargs)
-        order.append(name)
+        page = await source.read_changes(info, since, limit=10, **kwargs)
+        served.append((name, [r.key["id"] for r in page.rows]))
 
+    if reader_lost:  # the held rest went with the reader's session: the next page is a new read
+        await terminate_reader(pg)
+        with pytest.raises(SourceUnavailable):
+            await source.read_changes(others, since, limit=10)
     lock = source._sessions.lock
     async with lock:  # the reader is busy with another read
-        new = asyncio.create_task(read("others' new read", others))
+        new = asyncio.create_task(read("others", others))
         await until_waiting(lock, 1)
-        page = asyncio.create_task(
-            read("items' next page", items, upto=first.next_version, after=first.cursor)
-        )
+        page = asyncio.create_task(read("items", items, upto=first.next_version, after=first.cursor))
         await until_waiting(lock, 2)
     await asyncio.gather(new, page)
-    assert order == ["items' next page", "others' new read"]
+    return served
+
+
+async def test_the_next_page_of_a_read_under_way_goes_before_new_reads(pg: PostgresHarness) -> None:
+    """The reader serves one read at a time. The next page of a paged read is
+    served before another table's new read that was waiting first: that new
+    read may commit a WITH HOLD cursor over a large backlog (seconds), while
+    the page is already materialized and is what the applier waits for."""
+    served = await _race_for_the_reader(pg, reader_lost=False)
+    assert served == [("items", list(range(11, 21))), ("others", [1])]
+
+
+async def test_a_next_page_whose_held_rest_is_gone_waits_its_turn(pg: PostgresHarness) -> None:
+    """The reader was lost since the first page: the rest is read anew (it may
+    materialize again), so it does not go before reads that were waiting, and
+    it still returns the next rows."""
+    served = await _race_for_the_reader(pg, reader_lost=True)
+    assert served == [("others", [1]), ("items", list(range(11, 21)))]
+
+
+async def test_a_next_page_given_up_while_waiting_for_the_reader_keeps_the_held_rest(
+    pg: PostgresHarness,
+) -> None:
+    """A caller cancelled while it waits for the reader (shutdown, a lease
+    lost) leaves the read's held rest in place: the next call continues it,
+    and no second WITH HOLD cursor is left open on the reader's session."""
+    items, source = await tracked(pg)
+    assert isinstance(source, PostgresSource)
+    since = await source.current_version()
+    await execute(pg, "insert into {s}.items select i, i, 'backlog' from generate_series(1, 30) as i")
+    first = await source.read_changes(items, since, limit=10)
+    more = {"upto": first.next_version, "after": first.cursor}
+    lock = source._sessions.lock
+    async with lock:
+        given_up = asyncio.create_task(source.read_changes(items, since, limit=10, **more))
+        await until_waiting(lock, 1)
+        given_up.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await given_up
+    page = await source.read_changes(items, since, limit=10, **more)
+    assert [r.key["id"] for r in page.rows] == list(range(11, 21)) and page.more
+    async with lock:
+        assert source._sessions.reader is not None
+        cursors = await source._sessions.reader.execute(
+            "select name from pg_cursors where name like 'cdc_read_%'"
+        )
+        assert len(await cursors.fetchall()) == 1
 
 
 async def test_reads_of_a_partitioned_table_are_always_sent(pg: PostgresHarness) -> None:

@@ -84,3 +84,17 @@ async def test_a_waiter_cancelled_once_handed_the_lock_passes_it_on() -> None:
 async def test_release_without_acquire_is_an_error() -> None:
     with pytest.raises(RuntimeError):
         ReaderLock().release()
+
+
+async def test_a_waiter_that_times_out_leaves_the_line() -> None:
+    lock, order = ReaderLock(), []
+    await lock.acquire()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.01):
+            await lock.acquire(continuing=True)
+    assert lock.waiting() == 0
+    other = asyncio.create_task(holder(lock, "other", order))
+    await until_waiting(lock, 1)
+    lock.release()
+    await other
+    assert order == ["other"] and not lock.locked() and lock.waiting() == 0
