@@ -246,7 +246,9 @@ the run, as the trigger runs are measured (0.90x). Missed: pgbench with the trig
 
 - **The snapshot's 3.5x is met at the edge, not with room.** Its code is the same as in the runs of
   09:09 and 12:42, which measured 3.32x and 3.34x; this run's 3.55x comes from a slower loader
-  (37,422 rows/s against 40,432) more than from the snapshot (132,767 against 135,190). Redis is the
+  (37,422 rows/s against 40,432) more than from the snapshot (132,767 against 135,190); three
+  `python -m bench --only snapshot` runs right after this one, same code: 3.61x, 3.60x and 3.42x
+  (loader 37,432, 36,210 and 37,262 rows/s; snapshot 135,007, 130,446 and 127,567). Redis is the
   bound (~7.3 µs of its CPU a row here, 7.0 at 12:42, busy ~95% of the snapshot), so this host's
   Redis writes at most ~140,000 rows/s of this layout, and a loader measured at 40,000 or more puts
   3.5x out of reach. Where Redis's time goes, and why it was not cut further: `bulk_load.lua`'s CPU a
