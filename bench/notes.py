@@ -47,9 +47,10 @@ NOTES = """
 - Idle: "Redis commands/s" counts the commands run inside scripts too (a lease renewal is an EVAL, a
   GET and a PEXPIRE); the sidecar sends ~30 calls/s for 50 tables, in two pipelines per lease round.
   "PostgreSQL xacts/s" is about one statement per table every 30 s, plus the lease-round queries.
-- Latency at 10,000 changes/s is at this machine's capacity: on 2026-11-22's machine p99 was 77 ms
-  with wake-up; on this run's, slower one, the backlog grew for the whole run (p99 2.0 s with
-  wake-up, 2.8 s without), as it did on 2026-11-21 with ~55 µs of sidecar CPU per change (p99 1.4 s).
+- Latency at 10,000 changes/s is near the capacity of some of the machines these runs had: this
+  run's p99 was 10.9 ms with wake-up (12.0 at 12:42), 2026-11-22's 77 ms, while on 2026-11-23's
+  slower machine the backlog grew for the whole run (p99 2.0 s with wake-up, 2.8 s without), as it
+  did on 2026-11-21 with ~55 µs of sidecar CPU per change (p99 1.4 s).
   Nothing is dropped: every run waits until every change is published and counts all of them.
 - Memory is bounded by configuration, not by the backlog: at most ``queue_capacity`` (10,000) encoded
   changes, and per tracked table one page (``page_size``, 5,000 rows) being read. A backlog smaller
