@@ -58,7 +58,7 @@ class EncodedRowReader(RowReader):
         10% D; timeit, CPython 3.11)."""
         version, op, created, column_versions, found = record[:5]
         end = 5 + self.width
-        key = {self.single: record[5]} if self.single is not None else self.key(record, end)
+        key = {self.single: record[5]} if self.single is not None else self.composite_key(record, end)
         if not found:
             return ChangeRow("D", version, key, None)
         values = dict(zip(self.plain, record[end + 1 :], strict=True)) if self.plain else {}

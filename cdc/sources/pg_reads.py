@@ -170,13 +170,13 @@ class RowReader:
         # 0.52 for dict(zip(..., strict=True)); any keyword to zip costs 0.2 (timeit, CPython 3.11).
         self.single = self.keys[0] if self.width == 1 else None
 
-    def key(self, record: Sequence[Any], end: int) -> dict[str, Any]:
-        return {self.single: record[5]} if self.single is not None else dict(zip(self.keys, record[5:end]))  # noqa: B905
+    def composite_key(self, record: Sequence[Any], end: int) -> dict[str, Any]:
+        return dict(zip(self.keys, record[5:end]))  # noqa: B905
 
     def __call__(self, record: Sequence[Any]) -> ChangeRow:
         version, op, creation_version, column_versions, found = record[:5]
         end = 5 + self.width
-        key = {self.single: record[5]} if self.single is not None else self.key(record, end)
+        key = {self.single: record[5]} if self.single is not None else self.composite_key(record, end)
         if not found:
             return ChangeRow("D", version, key, None)
         return self.row(record, version, op, creation_version, column_versions, key)
